@@ -1,0 +1,26 @@
+"""The engine: plain Python + torch, no IPython, no rich. Also the public scripting API."""
+
+from .errors import TorchMagicError
+from .results import (
+    Change,
+    Counts,
+    Effect,
+    GroupInfo,
+    HistoryEntry,
+    SummaryReport,
+    SummaryRow,
+)
+from .session import Session, SessionConfig
+
+__all__ = [
+    "Change",
+    "Counts",
+    "Effect",
+    "GroupInfo",
+    "HistoryEntry",
+    "Session",
+    "SessionConfig",
+    "SummaryReport",
+    "SummaryRow",
+    "TorchMagicError",
+]

@@ -1,0 +1,140 @@
+"""BatchNorm policies for frozen blocks.
+
+``eval`` (default, Keras): the layer runs in inference mode and its running statistics
+stop moving, also after ``model.train()`` — a forward pre-hook puts it back in eval
+before every call. ``train`` (fastai): left alone. ``frozen`` (timm): BatchNorm2d is
+swapped for torchvision's FrozenBatchNorm2d (other BatchNorm kinds fall back to ``eval``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from .modules import is_batchnorm, parent_of
+from .selection import Selection
+from .transaction import Transaction
+
+POLICIES = ("eval", "train", "frozen")
+
+
+def hold_in_eval(module: nn.Module, args: tuple) -> None:
+    """Forward pre-hook: run this BatchNorm in inference mode whatever ``train()`` said."""
+    module.training = False
+
+
+def is_held(module: nn.Module) -> bool:
+    return any(hook is hold_in_eval for hook in module._forward_pre_hooks.values())
+
+
+def mode(module: nn.Module) -> str:
+    """How a BatchNorm layer behaves: frozen, held (eval by policy), train or eval."""
+    if isinstance(module, FrozenBatchNorm2d):
+        return "frozen"
+    if is_held(module):
+        return "held"
+    return "train" if module.training else "eval"
+
+
+def mode_counts(modules: Iterable[nn.Module]) -> Counter:
+    return Counter(mode(m) for m in modules if is_batchnorm(m))
+
+
+def _hold(bn: nn.Module, tx: Transaction) -> None:
+    if is_held(bn):
+        return
+    handle = bn.register_forward_pre_hook(hold_in_eval)
+    was_training = bn.training
+    bn.training = False
+
+    def inverse() -> None:
+        handle.remove()
+        bn.training = was_training
+
+    tx.add(inverse)
+
+
+def _release(bn: nn.Module, training: bool, tx: Transaction) -> None:
+    hooks = bn._forward_pre_hooks
+    for key in [k for k, h in hooks.items() if h is hold_in_eval]:
+        hook = hooks.pop(key)
+        tx.add(lambda key=key, hook=hook: hooks.__setitem__(key, hook))
+    tx.set_attr(bn, "training", training)
+
+
+def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
+    parent, attr = parent_of(root, name)
+    old = parent._modules[attr]
+    setattr(parent, attr, new)
+    tx.add(lambda: setattr(parent, attr, old))
+
+
+def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
+    ref = bn.running_mean if bn.running_mean is not None else bn.weight
+    frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps).to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        if bn.affine:
+            frozen.weight.copy_(bn.weight)
+            frozen.bias.copy_(bn.bias)
+        if bn.running_mean is not None:
+            frozen.running_mean.copy_(bn.running_mean)
+            frozen.running_var.copy_(bn.running_var)
+    return frozen
+
+
+def _trainable_copy(frozen: FrozenBatchNorm2d, training: bool) -> nn.BatchNorm2d:
+    ref = frozen.weight
+    bn = nn.BatchNorm2d(ref.numel(), eps=frozen.eps, device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        bn.weight.copy_(frozen.weight)
+        bn.bias.copy_(frozen.bias)
+        bn.running_mean.copy_(frozen.running_mean)
+        bn.running_var.copy_(frozen.running_var)
+    bn.train(training)
+    return bn
+
+
+def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
+    out = []
+    for block in selection.blocks:
+        items = block.module.named_modules(prefix=block.name) if block.recurse else [
+            (block.name, block.module)
+        ]
+        out.extend((name, m) for name, m in items if is_batchnorm(m))
+    return out
+
+
+def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
+    """Apply ``policy`` to every BatchNorm inside a block being frozen."""
+    for name, bn in _named_batchnorms(selection):
+        if policy == "train":
+            if is_held(bn):
+                _release(bn, selection.model.training, tx)
+        elif policy == "frozen" and type(bn) is nn.BatchNorm2d:
+            _swap(selection.model, name, _frozen_copy(bn), tx)
+        elif isinstance(bn, _BatchNorm):
+            _hold(bn, tx)
+    return mode_counts(m for _, m in _named_batchnorms(selection))
+
+
+def release(selection: Selection, tx: Transaction) -> dict[int, nn.Module]:
+    """Undo any policy on the BatchNorm layers of blocks being unfrozen.
+
+    Held layers follow the model's train/eval mode again; FrozenBatchNorm2d layers become
+    trainable BatchNorm2d with the same statistics. Returns swapped modules by old ``id``.
+    """
+    training = selection.model.training
+    swapped: dict[int, nn.Module] = {}
+    for name, bn in _named_batchnorms(selection):
+        if isinstance(bn, FrozenBatchNorm2d):
+            new = _trainable_copy(bn, training)
+            _swap(selection.model, name, new, tx)
+            swapped[id(bn)] = new
+        elif is_held(bn):
+            _release(bn, training, tx)
+    return swapped

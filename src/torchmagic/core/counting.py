@@ -1,0 +1,62 @@
+"""Counting parameters and describing param groups, shared by every result."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .modules import tensor_bytes
+from .optimizer_sync import group_label
+from .results import Counts, GroupInfo
+
+GroupKey = tuple[int, tuple[int, ...], float, float | None]
+
+
+def count(model: nn.Module) -> Counts:
+    params = list(model.parameters())  # deduplicated by torch: tied weights once
+    buffers = list(model.buffers())
+    return Counts(
+        total=sum(p.numel() for p in params),
+        trainable=sum(p.numel() for p in params if p.requires_grad),
+        tensors=len(params),
+        param_bytes=tensor_bytes(params),
+        buffer_bytes=tensor_bytes(buffers),
+    )
+
+
+def group_key(group: dict) -> GroupKey:
+    return (id(group), tuple(id(p) for p in group["params"]), group["lr"], group.get("weight_decay"))
+
+
+def group_keys(optimizer: torch.optim.Optimizer | None) -> dict[int, GroupKey]:
+    """A cheap fingerprint of each group, to mark groups a command added or changed."""
+    if optimizer is None:
+        return {}
+    return {id(g): group_key(g) for g in optimizer.param_groups}
+
+
+def describe_groups(
+    optimizer: torch.optim.Optimizer | None, before: dict[int, GroupKey] | None = None
+) -> tuple[GroupInfo, ...]:
+    if optimizer is None:
+        return ()
+    infos = []
+    for i, g in enumerate(optimizer.param_groups):
+        status = ""
+        if before is not None:
+            if id(g) not in before:
+                status = "new"
+            elif before[id(g)] != group_key(g):
+                status = "changed"
+        infos.append(
+            GroupInfo(
+                index=i,
+                name=group_label(g, i),
+                lr=float(g["lr"]),
+                weight_decay=g.get("weight_decay"),
+                tensors=len(g["params"]),
+                numel=sum(p.numel() for p in g["params"]),
+                status=status,
+            )
+        )
+    return tuple(infos)

@@ -1,0 +1,167 @@
+"""The command grammar: target paths (``layer1-3``, ``features.0-6``, ``"*.bn*"``) and
+``key=value`` options (``lr=1e-4``, ``lr=1e-5:1e-4``, ``wd=0.01``).
+
+A small hand-written parser: user text is matched against fixed patterns and never evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import TorchMagicError
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_NAME_RE = re.compile(rf"^{_NAME}$")
+_INDEX_RE = re.compile(r"^-?\d+$")
+_RANGE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)?(\d+)-(\d+)$")
+_GLOB_CHARS = frozenset("*?[")
+_FLOAT_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One dotted part of a path: a child name, an index, or a numbered range."""
+
+    text: str
+    prefix: str = ""
+    start: int | None = None
+    stop: int | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return self.start is not None
+
+    def names(self) -> list[str]:
+        """The child names this segment stands for (a range expands to several)."""
+        if self.start is None or self.stop is None:
+            return [self.text]
+        return [f"{self.prefix}{i}" for i in range(self.start, self.stop + 1)]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed target: a dotted path of segments, or a glob on qualified names."""
+
+    text: str
+    segments: tuple[Segment, ...] = ()
+    glob: str | None = None
+
+    @property
+    def head(self) -> str | None:
+        """The first segment when it could name a variable, else None."""
+        if self.segments and _NAME_RE.match(self.segments[0].text):
+            return self.segments[0].text
+        if self.glob is not None and "." in self.glob:
+            first = self.glob.split(".", 1)[0]
+            if _NAME_RE.match(first):
+                return first
+        return None
+
+    def without_head(self) -> Target:
+        """The same target relative to the variable named by its first segment."""
+        if self.glob is not None:
+            rest = self.glob.split(".", 1)[1]
+            return Target(text=self.text, glob=rest)
+        return Target(text=self.text, segments=self.segments[1:])
+
+    @property
+    def is_whole(self) -> bool:
+        """True when the target names its root itself (no path below it)."""
+        return self.glob is None and not self.segments
+
+
+def parse_segment(text: str, target: str) -> Segment:
+    """Parse one dotted part; ``target`` is the whole text, for the error message."""
+    if _NAME_RE.match(text) or _INDEX_RE.match(text):
+        return Segment(text)
+    match = _RANGE_RE.match(text)
+    if match:
+        prefix, start, stop = match.group(1) or "", int(match.group(2)), int(match.group(3))
+        if start > stop:
+            raise TorchMagicError(
+                f"bad range '{text}' in '{target}': the first number must not exceed the last"
+            )
+        return Segment(text, prefix, start, stop)
+    raise TorchMagicError(
+        f"bad target '{target}': '{text}' is not a name, an index or a range like layer1-3"
+    )
+
+
+def parse_target(text: str) -> Target:
+    """Parse ``model.layer1-3``, ``features.0-6``, ``-1`` or a glob such as ``*.bn*``."""
+    text = text.strip()
+    if not text:
+        raise TorchMagicError("empty target")
+    if any(c in _GLOB_CHARS for c in text):
+        return Target(text=text, glob=text)
+    parts = text.split(".")
+    if any(not p for p in parts):
+        raise TorchMagicError(f"bad target '{text}': empty part between dots")
+    return Target(text=text, segments=tuple(parse_segment(p, text) for p in parts))
+
+
+def parse_targets(texts: Iterable[str]) -> tuple[Target, ...]:
+    return tuple(parse_target(t) for t in texts)
+
+
+def check_positive(value: float, key: str, *, allow_zero: bool = False) -> float:
+    """``value`` itself when it is finite and > 0 (or >= 0), else a refusal."""
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise TorchMagicError(f"bad value {key}={value:g}: must be a finite number {bound}")
+    return value
+
+
+def parse_positive_float(text: str, key: str, *, allow_zero: bool = False) -> float:
+    """A finite float > 0 (or >= 0), from a strict pattern: ``1e-4``, ``0.01``."""
+    if not _FLOAT_RE.match(text.strip()):
+        raise TorchMagicError(f"bad value {key}={text}: expected a number such as 1e-4")
+    return check_positive(float(text), key, allow_zero=allow_zero)
+
+
+LrSpec = float | tuple[float, float] | None
+
+
+def parse_lr(text: str) -> float | tuple[float, float]:
+    """``1e-4`` or the discriminative spread ``1e-5:1e-4``."""
+    if ":" in text:
+        first, _, last = text.partition(":")
+        return (parse_positive_float(first, "lr"), parse_positive_float(last, "lr"))
+    return parse_positive_float(text, "lr")
+
+
+def split_options(
+    tokens: Sequence[str], allowed: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """Separate ``key=value`` tokens from target tokens; unknown keys are refused."""
+    targets: list[str] = []
+    options: dict[str, str] = {}
+    for token in tokens:
+        key, eq, value = token.partition("=")
+        if not eq or any(c in _GLOB_CHARS for c in key):
+            targets.append(token)
+            continue
+        if key not in allowed:
+            known = ", ".join(f"{k}=" for k in allowed) or "none"
+            raise TorchMagicError(f"unknown option '{key}=': allowed here: {known}")
+        if key in options:
+            raise TorchMagicError(f"option '{key}=' given twice")
+        if not value:
+            raise TorchMagicError(f"option '{key}=' needs a value")
+        options[key] = value
+    return targets, options
+
+
+def spread_lrs(lr: LrSpec, count: int) -> list[float | None]:
+    """One lr per block: a single value for all, or a geometric spread first..last."""
+    if lr is None or isinstance(lr, float):
+        return [lr] * count
+    first, last = lr
+    if count == 1:
+        return [last]
+    ratio = last / first
+    return [first * ratio ** (i / (count - 1)) for i in range(count)]

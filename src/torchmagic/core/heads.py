@@ -1,0 +1,133 @@
+"""Finding a model's classification head and building its replacement.
+
+Detection follows the naming conventions of torchvision (and most of timm / Hugging Face
+vision models): ``fc``, ``classifier`` (a layer, or the last layer of a Sequential),
+``heads.head``, ``head``; then a model whose last parametrised layer is a Linear (a plain
+Sequential). Anything else is refused with the candidate Linear layers listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .errors import TorchMagicError
+
+HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
+AUX_HEAD_PATHS = ("aux1.fc2", "aux2.fc2", "AuxLogits.fc")
+HEAD_TYPES = (nn.Linear, nn.Conv2d)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A head layer at its qualified name (relative to the searched root)."""
+
+    name: str
+    module: nn.Module
+
+    @property
+    def in_features(self) -> int:
+        m = self.module
+        return m.in_features if isinstance(m, nn.Linear) else m.in_channels
+
+    @property
+    def out_features(self) -> int:
+        m = self.module
+        return m.out_features if isinstance(m, nn.Linear) else m.out_channels
+
+
+def _lookup(root: nn.Module, path: str) -> nn.Module | None:
+    module: nn.Module | None = root
+    for part in path.split("."):
+        module = module._modules.get(part) if module is not None else None
+    return module
+
+
+def _last_head_layer(module: nn.Module, prefix: str) -> Head | None:
+    """The last Linear / Conv2d inside ``module`` in registration order."""
+    found = None
+    for name, sub in module.named_modules(prefix=prefix):
+        if isinstance(sub, HEAD_TYPES):
+            found = Head(name, sub)
+    return found
+
+
+def _last_parametrised_is_linear(root: nn.Module) -> Head | None:
+    last = None
+    for name, sub in root.named_modules():
+        if any(True for _ in sub.parameters(recurse=False)):
+            last = (name, sub)
+    if last is not None and isinstance(last[1], nn.Linear):
+        return Head(*last)
+    return None
+
+
+def find_head(root: nn.Module) -> Head:
+    """The classification head inside ``root``, or a clear refusal listing candidates."""
+    if isinstance(root, HEAD_TYPES):
+        return Head("", root)
+    for path in HEAD_PATHS:
+        module = _lookup(root, path)
+        if module is not None:
+            head = _last_head_layer(module, path)
+            if head is not None:
+                return head
+    head = _last_parametrised_is_linear(root)
+    if head is not None:
+        return head
+    linears = [
+        f"{n} ({m.in_features}→{m.out_features})"
+        for n, m in root.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    if not linears:
+        raise TorchMagicError(
+            f"no head found in {type(root).__name__}: it has no Linear layer; "
+            "name the layer to replace, e.g. %replace_head model.classifier 10"
+        )
+    shown = ", ".join(linears[-8:])
+    raise TorchMagicError(
+        f"cannot tell which layer is the head of {type(root).__name__}; candidates: {shown}. "
+        "Name one, e.g. %replace_head model.<name> 10"
+    )
+
+
+def aux_heads(root: nn.Module) -> list[Head]:
+    """Auxiliary classifiers (GoogLeNet's aux1/aux2, Inception v3's AuxLogits)."""
+    return [
+        Head(path, module)
+        for path in AUX_HEAD_PATHS
+        if isinstance(module := _lookup(root, path), HEAD_TYPES)
+    ]
+
+
+def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -> nn.Module:
+    """A fresh layer with ``old``'s input size, device, dtype, bias and mode."""
+    weight = old.weight
+    factory = {"device": weight.device, "dtype": weight.dtype}
+    if isinstance(old, nn.Linear):
+        new: nn.Module = nn.Linear(
+            old.in_features, num_classes, bias=old.bias is not None, **factory
+        )
+    elif isinstance(old, nn.Conv2d):
+        if old.groups != 1:
+            raise TorchMagicError("cannot replace a grouped Conv2d head; name a plain layer")
+        new = nn.Conv2d(
+            old.in_channels,
+            num_classes,
+            old.kernel_size,
+            stride=old.stride,
+            padding=old.padding,
+            dilation=old.dilation,
+            bias=old.bias is not None,
+            padding_mode=old.padding_mode,
+            **factory,
+        )
+    else:
+        raise TorchMagicError(
+            f"the head is a {type(old).__name__}; torchmagic replaces Linear and Conv2d heads"
+        )
+    if dropout is not None:
+        new = nn.Sequential(nn.Dropout(dropout), new)
+    return new.train(old.training)

@@ -1,0 +1,64 @@
+"""Walking a module tree: wrappers seen through, unique parameters, BatchNorm kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The user's real model behind ``torch.compile`` and (Distributed)DataParallel."""
+    while True:
+        inner = getattr(module, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            module = inner
+        elif isinstance(module, _WRAPPERS):
+            module = module.module
+        else:
+            return module
+
+
+def unique_parameters(modules: Iterable[nn.Module], recurse: bool = True) -> list[nn.Parameter]:
+    """Parameters of several modules, each once (tied weights counted once), in order."""
+    seen: set[int] = set()
+    out: list[nn.Parameter] = []
+    for module in modules:
+        for p in module.parameters(recurse=recurse):
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def parameter_names(model: nn.Module) -> dict[int, str]:
+    """Qualified name of each parameter by identity (the first name of a tied one)."""
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+def is_batchnorm(module: nn.Module) -> bool:
+    return isinstance(module, (_BatchNorm, FrozenBatchNorm2d))
+
+
+def iter_batchnorms(modules: Iterable[nn.Module]) -> Iterator[nn.Module]:
+    """Every BatchNorm layer inside the given modules, each once."""
+    seen: set[int] = set()
+    for module in modules:
+        for sub in module.modules():
+            if is_batchnorm(sub) and id(sub) not in seen:
+                seen.add(id(sub))
+                yield sub
+
+
+def tensor_bytes(tensors: Iterable) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def parent_of(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The parent module and attribute name of the submodule at qualified ``name``."""
+    parent_name, _, attr = name.rpartition(".")
+    return (root.get_submodule(parent_name) if parent_name else root), attr

@@ -1,0 +1,99 @@
+"""Frozen result objects: what the engine returns and the render layer draws."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Parameter totals of a model (tied parameters counted once)."""
+
+    total: int
+    trainable: int
+    tensors: int
+    param_bytes: int
+    buffer_bytes: int
+
+    @property
+    def frozen(self) -> int:
+        return self.total - self.trainable
+
+    @property
+    def trainable_pct(self) -> float:
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One optimizer param group as the user sees it."""
+
+    index: int
+    name: str
+    lr: float
+    weight_decay: float | None
+    tensors: int
+    numel: int
+    status: str = ""  # "new", "changed" or "" (as before the command)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one surgery step did, beyond the counts the session measures itself."""
+
+    modules: tuple[str, ...]
+    params: int
+    state_freed_bytes: int = 0
+    bn_modes: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Change:
+    """The outcome of a mutating command (or of its dry run, or of an undo)."""
+
+    action: str
+    command: str
+    model_name: str
+    effect: Effect
+    before: Counts
+    after: Counts
+    optimizer_name: str | None
+    groups: tuple[GroupInfo, ...]
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    name: str
+    depth: int
+    kind: str
+    params: int
+    trainable: int
+    state: str  # "trainable", "frozen", "partial" or "" (no parameters)
+    bn: str  # BatchNorm mode(s) inside, e.g. "held 4" or ""
+    groups: str  # optimizer groups holding its parameters, "" when none
+    lr: str
+
+
+@dataclass(frozen=True)
+class SummaryReport:
+    model_name: str
+    model_kind: str
+    rows: tuple[SummaryRow, ...]
+    hidden_rows: int
+    depth: int
+    counts: Counts
+    optimizer_name: str | None
+    groups: tuple[GroupInfo, ...]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    index: int
+    command: str
+    action: str
+    model_name: str
+    modules: tuple[str, ...]
+    live: bool  # False once the variable was rebound to another model: cannot be undone
