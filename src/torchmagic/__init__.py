@@ -1,0 +1,59 @@
+"""torchmagic: IPython magics for interactive transfer learning with PyTorch.
+
+``%load_ext torchmagic`` in a notebook; ``torchmagic.Session`` in a script. Importing
+is cheap: the magics (and IPython) load only when the extension is loaded, and nothing
+here touches CUDA.
+"""
+
+from __future__ import annotations
+
+from .core import (
+    Change,
+    Counts,
+    GroupInfo,
+    HistoryEntry,
+    Session,
+    SessionConfig,
+    SummaryReport,
+    TorchMagicError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Change",
+    "Counts",
+    "GroupInfo",
+    "HistoryEntry",
+    "Session",
+    "SessionConfig",
+    "SummaryReport",
+    "TorchMagicError",
+    "__version__",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the magics (``%load_ext torchmagic``)."""
+    from .magics import TorchMagics
+
+    magics = TorchMagics(shell=ipython)  # parent=shell: reads ipython_config.py
+    ipython.register_magics(magics)
+    ipython.configurables.append(magics)  # so that %config TorchMagics.… reaches it
+
+
+def unload_ipython_extension(ipython) -> None:
+    """Remove the magics again (``%unload_ext torchmagic``)."""
+    from .magics import TorchMagics
+
+    def ours(obj: object) -> bool:
+        return isinstance(getattr(obj, "__self__", obj), TorchMagics)
+
+    manager = ipython.magics_manager
+    for table in manager.magics.values():
+        for name in [n for n, f in table.items() if ours(f)]:
+            del table[name]
+    manager.registry.pop("TorchMagics", None)
+    ipython.configurables[:] = [c for c in ipython.configurables if not ours(c)]

@@ -63,10 +63,22 @@ def _last_parametrised_is_linear(root: nn.Module) -> Head | None:
     return None
 
 
-def find_head(root: nn.Module) -> Head:
-    """The classification head inside ``root``, or a clear refusal listing candidates."""
+def find_head(root: nn.Module, *, named: bool = False) -> Head:
+    """The classification head inside ``root``, or a clear refusal listing candidates.
+
+    ``named``: the user pointed at this sub-tree (``model.classifier``), so its last
+    Linear / Conv2d is the head whatever the naming conventions say.
+    """
     if isinstance(root, HEAD_TYPES):
         return Head("", root)
+    if named:
+        head = _last_head_layer(root, "")
+        if head is None:
+            raise TorchMagicError(
+                f"that is a {type(root).__name__} with no Linear or Conv2d inside: "
+                "torchmagic replaces Linear and Conv2d heads"
+            )
+        return head
     for path in HEAD_PATHS:
         module = _lookup(root, path)
         if module is not None:

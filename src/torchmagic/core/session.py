@@ -273,6 +273,7 @@ class Session:
         record.tx.revert()
         return replace(
             record.change,
+            effect=Effect(record.change.effect.modules, record.change.effect.params),
             action="undo",
             command=f"undo {record.change.command}",
             before=before,

@@ -159,8 +159,9 @@ def replace_head(
         raise TorchMagicError(f"the number of classes must be at least 1, got {num_classes}")
     if dropout is not None and not 0 <= dropout < 1:
         raise TorchMagicError(f"--dropout must be in [0, 1), got {dropout}")
-    found = [heads.find_head(root)]
-    if root is target.model and not isinstance(root, heads.HEAD_TYPES):
+    whole = root is target.model
+    found = [heads.find_head(root, named=not whole)]
+    if whole and not isinstance(root, heads.HEAD_TYPES):
         found += heads.aux_heads(root)
     prefix = f"{root_name}." if root_name else ""
     located = [(f"{prefix}{h.name}" if h.name else root_name, h.module) for h in found]

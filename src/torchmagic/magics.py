@@ -1,0 +1,198 @@
+"""The notebook layer: one ``Magics`` class that parses a line, finds names in the
+user namespace, calls the engine and displays what the render layer draws.
+
+No torch logic lives here. Bad input surfaces as IPython's ``UsageError``: one line,
+no traceback, nothing changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
+from IPython.utils.process import arg_split
+from traitlets import Enum, Float, Integer, observe
+
+from . import render
+from .core import Session, SessionConfig, TorchMagicError
+from .core.batchnorm import POLICIES
+from .core.grammar import split_options
+from .manifest import load_manifest
+
+KEY_OPTIONS = {"freeze": (), "unfreeze": ("lr", "wd"), "replace_head": (), "summary": ()}
+TM_ACTIONS = ("history", "undo", "use", "help")
+_INT = re.compile(r"^[+-]?\d+$")
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """Turn the engine's refusals into exactly ``UsageError`` (IPython hides its traceback)."""
+    try:
+        yield
+    except TorchMagicError as error:
+        raise UsageError(str(error)) from None
+
+
+def _parse(func: Callable, line: str):
+    """argparse over shell-like tokens; options and targets may be interleaved."""
+    return func.parser.parse_intermixed_args(arg_split(line, posix=True))
+
+
+@magics_class
+class TorchMagics(Magics):
+    """Transfer-learning magics over a live PyTorch model (``%load_ext torchmagic``)."""
+
+    bn_policy = Enum(
+        POLICIES, default_value="eval",
+        help="BatchNorm policy for frozen blocks: eval (stats frozen), train, frozen (swap).",
+    ).tag(config=True)
+    unfreeze_lr_ratio = Float(
+        0.1, help="Default %unfreeze lr as a fraction of the head group's lr."
+    ).tag(config=True)
+    width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
+    summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
+    summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(
+        config=True
+    )
+
+    def __init__(self, shell=None, **kwargs) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self.session = Session(
+            namespace=shell.user_ns, hidden=shell.user_ns_hidden, config=self._session_config()
+        )
+
+    def _session_config(self) -> SessionConfig:
+        return SessionConfig(
+            bn_policy=self.bn_policy,
+            unfreeze_lr_ratio=self.unfreeze_lr_ratio,
+            summary_depth=self.summary_depth,
+            summary_max_rows=self.summary_max_rows,
+        )
+
+    @observe("bn_policy", "unfreeze_lr_ratio", "summary_depth", "summary_max_rows")
+    def _config_changed(self, change) -> None:
+        if hasattr(self, "session"):
+            self.session.config = self._session_config()
+
+    def _show(self, rendered: render.Rendered) -> None:
+        display(rendered)
+
+    def _sync_namespace(self) -> None:
+        self.session.workspace.namespace = self.shell.user_ns
+
+    # -- surgery ---------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("targets", nargs="*", help="modules: model.layer1-3, layer4, features.0-6, '*.bn*'")
+    @argument("--except", dest="exclude", nargs="+", action="extend", default=[],
+              metavar="T", help="keep these trainable")
+    @argument("--bn", choices=POLICIES, default=None,
+              help="BatchNorm policy for the frozen blocks (default: TorchMagics.bn_policy)")
+    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
+    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @line_magic
+    def freeze(self, line: str) -> None:
+        """Freeze modules: requires_grad off, out of the optimizer, BatchNorm held."""
+        args = _parse(self.freeze, line)
+        self._sync_namespace()
+        with usage_errors():
+            targets, _ = split_options(args.targets, KEY_OPTIONS["freeze"])
+            if not targets and not args.exclude:
+                raise TorchMagicError("name what to freeze, e.g. %freeze model.layer1-3")
+            result = self.session.freeze(
+                *targets, exclude=args.exclude, bn=args.bn, optimizer=args.opt,
+                dry_run=args.dry_run, command=f"%freeze {line.strip()}",
+            )
+        self._show(render.change(result, self.width))
+
+    @magic_arguments()
+    @argument("targets", nargs="*",
+              help="modules, then optional lr=X | lr=A:B (geometric spread) and wd=X")
+    @argument("--except", dest="exclude", nargs="+", action="extend", default=[],
+              metavar="T", help="leave these frozen")
+    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
+    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @line_magic
+    def unfreeze(self, line: str) -> None:
+        """Unfreeze modules into their own param groups at the given (or default) lr."""
+        args = _parse(self.unfreeze, line)
+        self._sync_namespace()
+        with usage_errors():
+            targets, options = split_options(args.targets, KEY_OPTIONS["unfreeze"])
+            if not targets:
+                raise TorchMagicError("name what to unfreeze, e.g. %unfreeze layer4 lr=1e-4")
+            result = self.session.unfreeze(
+                *targets, lr=options.get("lr"), wd=options.get("wd"), exclude=args.exclude,
+                optimizer=args.opt, dry_run=args.dry_run, command=f"%unfreeze {line.strip()}",
+            )
+        self._show(render.change(result, self.width))
+
+    @magic_arguments()
+    @argument("spec", nargs="+", metavar="[TARGET|auto] N",
+              help="where the head is (path, model, or auto) and the number of classes")
+    @argument("--dropout", type=float, default=None, metavar="P",
+              help="put Dropout(P) in front of the new layer")
+    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
+    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @line_magic
+    def replace_head(self, line: str) -> None:
+        """Swap the classification head for a fresh layer with N outputs."""
+        args = _parse(self.replace_head, line)
+        self._sync_namespace()
+        with usage_errors():
+            if len(args.spec) > 2:
+                raise TorchMagicError("usage: %replace_head [TARGET|auto] N")
+            where, count = (["auto", *args.spec] if len(args.spec) == 1 else args.spec)
+            if not _INT.match(count):
+                raise TorchMagicError(f"N must be a whole number of classes, got '{count}'")
+            result = self.session.replace_head(
+                where, int(count), dropout=args.dropout, optimizer=args.opt,
+                dry_run=args.dry_run, command=f"%replace_head {line.strip()}",
+            )
+        self._show(render.change(result, self.width))
+
+    # -- inspection ------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("where", nargs="?", default=None, metavar="MODEL",
+              help="a model variable or a path inside it (default: the current model)")
+    @argument("--depth", type=int, default=None, metavar="N",
+              help="how deep the tree goes (default: TorchMagics.summary_depth)")
+    @line_magic
+    def summary(self, line: str) -> None:
+        """Modules with parameter counts, trainable state, BatchNorm mode, group and lr."""
+        args = _parse(self.summary, line)
+        self._sync_namespace()
+        with usage_errors():
+            report = self.session.summary(args.where, depth=args.depth)
+        self._show(render.summary(report, self.width))
+
+    @magic_arguments()
+    @argument("action", choices=TM_ACTIONS, help="history | undo | use NAME | help")
+    @argument("name", nargs="?", default=None, help="the model variable, for `use`")
+    @line_magic
+    def tm(self, line: str) -> None:
+        """Session commands: history, undo, use NAME, help."""
+        args = _parse(self.tm, line)
+        self._sync_namespace()
+        with usage_errors():
+            if args.action != "use" and args.name is not None:
+                raise TorchMagicError(f"%tm {args.action} takes no argument")
+            if args.action == "history":
+                shown = render.history(self.session.history(), self.width)
+            elif args.action == "undo":
+                shown = render.change(self.session.undo(), self.width)
+            elif args.action == "use":
+                if args.name is None:
+                    raise TorchMagicError("usage: %tm use NAME")
+                shown = render.message(
+                    f"current model: {self.session.use(args.name)}", self.width
+                )
+            else:
+                shown = render.manifest_help(load_manifest(), self.width)
+        self._show(shown)

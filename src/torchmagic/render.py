@@ -1,0 +1,198 @@
+"""Every rich renderable of torchmagic, drawn into a MIME bundle with both ``text/plain``
+and ``text/html`` so output reads well in JupyterLab, VS Code and a terminal.
+
+Consoles are created per render (never at import) and never force a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from .core import Change, GroupInfo, HistoryEntry, SummaryReport
+
+_HTML = (
+    '<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
+    "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">"
+    "<code>{code}</code></pre>"
+)
+_STATE_STYLE = {"trainable": "green", "frozen": "cyan", "partial": "yellow"}
+_STATUS_STYLE = {"new": "bold green", "changed": "yellow"}
+
+
+class Rendered:
+    """A renderable with its own MIME bundle; ``display()`` it, or ``str()`` it."""
+
+    def __init__(self, renderable: RenderableType, width: int = 100) -> None:
+        self.renderable = renderable
+        self.width = width
+
+    def _console(self) -> Console:
+        # markup off: module names, commands and usage strings contain [brackets]
+        return Console(
+            record=True,
+            width=self.width,
+            file=io.StringIO(),
+            color_system="truecolor",
+            markup=False,
+            highlight=False,
+            emoji=False,
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+        console = self._console()
+        console.print(self.renderable)
+        text = console.export_text(clear=False)
+        html = console.export_html(inline_styles=True, code_format=_HTML)
+        return {"text/plain": text.rstrip("\n"), "text/html": html}
+
+    def __str__(self) -> str:
+        console = self._console()
+        console.print(self.renderable)
+        return console.export_text().rstrip("\n")
+
+
+def human(n: float) -> str:
+    """12_345_678 → '12.3M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(int(n))
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Table:
+    table = Table(
+        title=f"optimizer `{optimizer_name}` param groups",
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for column, justify in (("#", "right"), ("group", "left"), ("lr", "right"),
+                            ("wd", "right"), ("tensors", "right"), ("params", "right"),
+                            ("", "left")):
+        table.add_column(column, justify=justify)
+    for g in groups:
+        wd = "" if g.weight_decay is None else f"{g.weight_decay:g}"
+        params = human(g.numel) if g.tensors else "(empty)"
+        table.add_row(str(g.index), g.name, f"{g.lr:.3g}", wd, str(g.tensors), params,
+                      Text(g.status, style=_STATUS_STYLE.get(g.status, "")))
+    return table
+
+
+def _bn_text(modes: Mapping[str, int]) -> Text | None:
+    if not modes:
+        return None
+    meaning = {
+        "held": "held in eval: running stats frozen, also after model.train()",
+        "frozen": "swapped for FrozenBatchNorm2d",
+        "train": "training mode: running stats update",
+        "eval": "eval mode",
+    }
+    parts = [f"{n} {meaning[m]}" for m, n in modes.items() if n]
+    return Text("BatchNorm: " + "; ".join(parts), style="magenta")
+
+
+def change(change: Change, width: int = 100) -> Rendered:
+    verb = {"freeze": "froze", "unfreeze": "unfroze", "replace_head": "replaced head",
+            "undo": "undid"}.get(change.action, change.action)
+    title = Text()
+    if change.dry_run:
+        title.append("dry run — nothing changed · ", style="bold yellow")
+    title.append(f"{verb} ", style="bold")
+    title.append(", ".join(change.effect.modules), style="bold cyan")
+    title.append(f"  ({human(change.effect.params)} params) in `{change.model_name}`")
+    before, after = change.before, change.after
+    counts = Text(
+        f"trainable {human(before.trainable)} → {human(after.trainable)} "
+        f"({after.trainable_pct:.1f}% of {human(after.total)}) · frozen {human(after.frozen)}"
+    )
+    parts: list[RenderableType] = [title, counts]
+    if change.action == "undo":
+        parts.insert(1, Text(f"reverted: {change.command.removeprefix('undo ')}", style="dim"))
+    if change.effect.state_freed_bytes:
+        parts.append(Text(f"optimizer state moved off the accelerator: "
+                          f"{human_bytes(change.effect.state_freed_bytes)}"))
+    bn = _bn_text(change.effect.bn_modes)
+    if bn is not None:
+        parts.append(bn)
+    for note in change.effect.notes:
+        parts.append(Text(note, style="dim"))
+    if change.groups:
+        parts.append(_groups_table(change.groups, change.optimizer_name))
+    elif change.optimizer_name is None:
+        parts.append(Text("no optimizer bound to this model", style="dim"))
+    return Rendered(Group(*parts), width)
+
+
+def summary(report: SummaryReport, width: int = 100) -> Rendered:
+    table = Table(
+        title=f"{report.model_name} ({report.model_kind})",
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for column, justify in (("module", "left"), ("type", "left"), ("params", "right"),
+                            ("state", "left"), ("BatchNorm", "left"), ("group", "left"),
+                            ("lr", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in report.rows:
+        label = ("  " * row.depth) + (row.name.rsplit(".", 1)[-1] if row.depth else row.name)
+        table.add_row(label, row.kind, human(row.params) if row.params else "",
+                      Text(row.state, style=_STATE_STYLE.get(row.state, "")), row.bn,
+                      row.groups, row.lr)
+    c = report.counts
+    parts: list[RenderableType] = [table]
+    if report.hidden_rows:
+        parts.append(Text(f"… {report.hidden_rows} more rows not shown (use --depth to choose)",
+                          style="dim"))
+    parts.append(Text(
+        f"total {human(c.total)} params ({human_bytes(c.param_bytes)}) · trainable "
+        f"{human(c.trainable)} ({c.trainable_pct:.1f}%) · frozen {human(c.frozen)} · "
+        f"buffers {human_bytes(c.buffer_bytes)} · depth {report.depth}"
+    ))
+    if report.groups:
+        parts.append(_groups_table(report.groups, report.optimizer_name))
+    return Rendered(Group(*parts), width)
+
+
+def history(entries: Sequence[HistoryEntry], width: int = 100) -> Rendered:
+    if not entries:
+        return Rendered(Text("no commands yet", style="dim"), width)
+    table = Table(title="torchmagic history", title_justify="left", title_style="bold",
+                  show_edge=False, pad_edge=False)
+    for column in ("#", "command", "model", "modules", ""):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(str(e.index), e.command, e.model_name, ", ".join(e.modules),
+                      "" if e.live else Text("stale: model rebound", style="dim"))
+    return Rendered(table, width)
+
+
+def manifest_help(manifest: Mapping, width: int = 100) -> Rendered:
+    table = Table(title=f"{manifest['name']} {manifest['version']} — load with "
+                        f"{manifest['load']}", title_justify="left", title_style="bold",
+                  show_lines=True)
+    for column in ("magic", "usage", "what it does", "example"):
+        table.add_column(column, overflow="fold")
+    for magic in manifest["magics"]:
+        prefix = "%%" if magic["kind"] == "cell" else "%"
+        table.add_row(f"{prefix}{magic['name']}", magic["usage"], magic["summary"],
+                      magic["example"])
+    return Rendered(table, width)
+
+
+def message(text: str, width: int = 100) -> Rendered:
+    return Rendered(Text(text), width)
