@@ -12,16 +12,21 @@ def _clone(value):
 
 def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     snap = {
-        "params": [(n, id(p), p.requires_grad, p.detach().clone()) for n, p in
-                   model.named_parameters()],
+        "params": [
+            (n, id(p), p.requires_grad, p.detach().clone()) for n, p in model.named_parameters()
+        ],
         "buffers": [(n, b.detach().clone()) for n, b in model.named_buffers()],
-        "modules": [(n, id(m), m.training, tuple(m._forward_pre_hooks.values()))
-                    for n, m in model.named_modules()],
+        "modules": [
+            (n, id(m), m.training, tuple(m._forward_pre_hooks.values()))
+            for n, m in model.named_modules()
+        ],
     }
     if optimizer is not None:
         snap["groups"] = [
-            (tuple(id(p) for p in g["params"]),
-             {k: _clone(v) for k, v in g.items() if k != "params"})
+            (
+                tuple(id(p) for p in g["params"]),
+                {k: _clone(v) for k, v in g.items() if k != "params"},
+            )
             for g in optimizer.param_groups
         ]
         snap["state"] = {

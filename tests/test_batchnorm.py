@@ -14,7 +14,6 @@ def test_eval_policy_holds_running_stats_after_train(trained):
     model(torch.randn(4, 3, 32, 32))
     assert torch.equal(bn.running_mean, mean) and not bn.training
     assert model.bn1.training  # outside the frozen block BN still trains
-    model.layer4[0].bn1.running_mean  # untouched block keeps updating:
     before = model.layer4[0].bn1.running_mean.clone()
     model(torch.randn(4, 3, 32, 32))
     assert not torch.equal(model.layer4[0].bn1.running_mean, before)

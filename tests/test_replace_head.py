@@ -35,9 +35,7 @@ def test_second_replace_reuses_the_head_group(trained):
     n = len(opt.param_groups)
     tm.replace_head("auto", 4)
     assert len(opt.param_groups) == n and model.fc.out_features == 4
-    assert [id(p) for p in opt.param_groups[-1]["params"]] == [
-        id(p) for p in model.fc.parameters()
-    ]
+    assert [id(p) for p in opt.param_groups[-1]["params"]] == [id(p) for p in model.fc.parameters()]
 
 
 def test_dropout_and_conv_head():

@@ -14,9 +14,9 @@ from torchmagic import Session, TorchMagicError
 
 def tiny():
     torch.manual_seed(0)
-    return nn.Sequential(OrderedDict(
-        body1=nn.Linear(6, 8), act=nn.ReLU(), body2=nn.Linear(8, 8), fc=nn.Linear(8, 3)
-    ))
+    return nn.Sequential(
+        OrderedDict(body1=nn.Linear(6, 8), act=nn.ReLU(), body2=nn.Linear(8, 8), fc=nn.Linear(8, 3))
+    )
 
 
 SCHEDULERS = {

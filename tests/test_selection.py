@@ -27,8 +27,17 @@ def test_nested_path_and_module_order(resnet):
 
 def test_except_splits_the_model_into_the_rest(resnet):
     blocks = names(resnet, exclude=["fc"])
-    assert blocks == ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3",
-                      "layer4", "avgpool")
+    assert blocks == (
+        "conv1",
+        "bn1",
+        "relu",
+        "maxpool",
+        "layer1",
+        "layer2",
+        "layer3",
+        "layer4",
+        "avgpool",
+    )
     sel = select(resnet, (), parse_targets(["fc"]))
     assert {id(p) for p in sel.parameters()} == {
         id(p) for n, p in resnet.named_parameters() if not n.startswith("fc.")

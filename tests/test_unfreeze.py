@@ -28,8 +28,9 @@ def test_moving_keeps_optimizer_state(trained):
     model, opt = trained
     state = {id(p): opt.state[p]["exp_avg"].clone() for p in model.layer4.parameters()}
     Session(model, opt).unfreeze("layer4", lr=1e-4)
-    assert all(torch.equal(opt.state[p]["exp_avg"], state[id(p)])
-               for p in model.layer4.parameters())
+    assert all(
+        torch.equal(opt.state[p]["exp_avg"], state[id(p)]) for p in model.layer4.parameters()
+    )
 
 
 def test_discriminative_spread_in_module_order(trained):

@@ -39,9 +39,9 @@ def load_ipython_extension(ipython) -> None:
     """Register the magics (``%load_ext torchmagic``)."""
     from .magics import TorchMagics
 
-    magics = TorchMagics(shell=ipython)  # parent=shell: reads ipython_config.py
-    ipython.register_magics(magics)
-    ipython.configurables.append(magics)  # so that %config TorchMagics.… reaches it
+    # Magics.__init__ makes the shell its parent (so ipython_config.py applies) and
+    # lists it in shell.configurables (so %config TorchMagics.… reaches it).
+    ipython.register_magics(TorchMagics(shell=ipython))
 
 
 def unload_ipython_extension(ipython) -> None:

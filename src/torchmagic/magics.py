@@ -48,7 +48,8 @@ class TorchMagics(Magics):
     """Transfer-learning magics over a live PyTorch model (``%load_ext torchmagic``)."""
 
     bn_policy = Enum(
-        POLICIES, default_value="eval",
+        POLICIES,
+        default_value="eval",
         help="BatchNorm policy for frozen blocks: eval (stats frozen), train, frozen (swap).",
     ).tag(config=True)
     unfreeze_lr_ratio = Float(
@@ -56,9 +57,7 @@ class TorchMagics(Magics):
     ).tag(config=True)
     width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
     summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
-    summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(
-        config=True
-    )
+    summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(config=True)
 
     def __init__(self, shell=None, **kwargs) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -75,7 +74,7 @@ class TorchMagics(Magics):
         )
 
     @observe("bn_policy", "unfreeze_lr_ratio", "summary_depth", "summary_max_rows")
-    def _config_changed(self, change) -> None:
+    def _settings_changed(self, change) -> None:
         if hasattr(self, "session"):
             self.session.config = self._session_config()
 
@@ -89,10 +88,21 @@ class TorchMagics(Magics):
 
     @magic_arguments()
     @argument("targets", nargs="*", help="modules: model.layer1-3, layer4, features.0-6, '*.bn*'")
-    @argument("--except", dest="exclude", nargs="+", action="extend", default=[],
-              metavar="T", help="keep these trainable")
-    @argument("--bn", choices=POLICIES, default=None,
-              help="BatchNorm policy for the frozen blocks (default: TorchMagics.bn_policy)")
+    @argument(
+        "--except",
+        dest="exclude",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="T",
+        help="keep these trainable",
+    )
+    @argument(
+        "--bn",
+        choices=POLICIES,
+        default=None,
+        help="BatchNorm policy for the frozen blocks (default: TorchMagics.bn_policy)",
+    )
     @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
     @argument("--dry-run", action="store_true", help="show what would change, change nothing")
     @line_magic
@@ -105,16 +115,30 @@ class TorchMagics(Magics):
             if not targets and not args.exclude:
                 raise TorchMagicError("name what to freeze, e.g. %freeze model.layer1-3")
             result = self.session.freeze(
-                *targets, exclude=args.exclude, bn=args.bn, optimizer=args.opt,
-                dry_run=args.dry_run, command=f"%freeze {line.strip()}",
+                *targets,
+                exclude=args.exclude,
+                bn=args.bn,
+                optimizer=args.opt,
+                dry_run=args.dry_run,
+                command=f"%freeze {line.strip()}",
             )
         self._show(render.change(result, self.width))
 
     @magic_arguments()
-    @argument("targets", nargs="*",
-              help="modules, then optional lr=X | lr=A:B (geometric spread) and wd=X")
-    @argument("--except", dest="exclude", nargs="+", action="extend", default=[],
-              metavar="T", help="leave these frozen")
+    @argument(
+        "targets",
+        nargs="*",
+        help="modules, then optional lr=X | lr=A:B (geometric spread) and wd=X",
+    )
+    @argument(
+        "--except",
+        dest="exclude",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="T",
+        help="leave these frozen",
+    )
     @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
     @argument("--dry-run", action="store_true", help="show what would change, change nothing")
     @line_magic
@@ -127,16 +151,30 @@ class TorchMagics(Magics):
             if not targets:
                 raise TorchMagicError("name what to unfreeze, e.g. %unfreeze layer4 lr=1e-4")
             result = self.session.unfreeze(
-                *targets, lr=options.get("lr"), wd=options.get("wd"), exclude=args.exclude,
-                optimizer=args.opt, dry_run=args.dry_run, command=f"%unfreeze {line.strip()}",
+                *targets,
+                lr=options.get("lr"),
+                wd=options.get("wd"),
+                exclude=args.exclude,
+                optimizer=args.opt,
+                dry_run=args.dry_run,
+                command=f"%unfreeze {line.strip()}",
             )
         self._show(render.change(result, self.width))
 
     @magic_arguments()
-    @argument("spec", nargs="+", metavar="[TARGET|auto] N",
-              help="where the head is (path, model, or auto) and the number of classes")
-    @argument("--dropout", type=float, default=None, metavar="P",
-              help="put Dropout(P) in front of the new layer")
+    @argument(
+        "spec",
+        nargs="+",
+        metavar="[TARGET|auto] N",
+        help="where the head is (path, model, or auto) and the number of classes",
+    )
+    @argument(
+        "--dropout",
+        type=float,
+        default=None,
+        metavar="P",
+        help="put Dropout(P) in front of the new layer",
+    )
     @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
     @argument("--dry-run", action="store_true", help="show what would change, change nothing")
     @line_magic
@@ -147,22 +185,36 @@ class TorchMagics(Magics):
         with usage_errors():
             if len(args.spec) > 2:
                 raise TorchMagicError("usage: %replace_head [TARGET|auto] N")
-            where, count = (["auto", *args.spec] if len(args.spec) == 1 else args.spec)
+            where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
             if not _INT.match(count):
                 raise TorchMagicError(f"N must be a whole number of classes, got '{count}'")
             result = self.session.replace_head(
-                where, int(count), dropout=args.dropout, optimizer=args.opt,
-                dry_run=args.dry_run, command=f"%replace_head {line.strip()}",
+                where,
+                int(count),
+                dropout=args.dropout,
+                optimizer=args.opt,
+                dry_run=args.dry_run,
+                command=f"%replace_head {line.strip()}",
             )
         self._show(render.change(result, self.width))
 
     # -- inspection ------------------------------------------------------------------
 
     @magic_arguments()
-    @argument("where", nargs="?", default=None, metavar="MODEL",
-              help="a model variable or a path inside it (default: the current model)")
-    @argument("--depth", type=int, default=None, metavar="N",
-              help="how deep the tree goes (default: TorchMagics.summary_depth)")
+    @argument(
+        "where",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="a model variable or a path inside it (default: the current model)",
+    )
+    @argument(
+        "--depth",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how deep the tree goes (default: TorchMagics.summary_depth)",
+    )
     @line_magic
     def summary(self, line: str) -> None:
         """Modules with parameter counts, trainable state, BatchNorm mode, group and lr."""
@@ -190,9 +242,7 @@ class TorchMagics(Magics):
             elif args.action == "use":
                 if args.name is None:
                     raise TorchMagicError("usage: %tm use NAME")
-                shown = render.message(
-                    f"current model: {self.session.use(args.name)}", self.width
-                )
+                shown = render.message(f"current model: {self.session.use(args.name)}", self.width)
             else:
                 shown = render.manifest_help(load_manifest(), self.width)
         self._show(shown)

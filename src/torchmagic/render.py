@@ -71,6 +71,13 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _names(modules: Sequence[str], shown: int = 6) -> str:
+    """Module names for a title line, cut after ``shown`` so a glob cannot flood it."""
+    if len(modules) <= shown:
+        return ", ".join(modules)
+    return ", ".join(modules[:shown]) + f" … and {len(modules) - shown} more"
+
+
 def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Table:
     table = Table(
         title=f"optimizer `{optimizer_name}` param groups",
@@ -79,15 +86,28 @@ def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Ta
         show_edge=False,
         pad_edge=False,
     )
-    for column, justify in (("#", "right"), ("group", "left"), ("lr", "right"),
-                            ("wd", "right"), ("tensors", "right"), ("params", "right"),
-                            ("", "left")):
+    for column, justify in (
+        ("#", "right"),
+        ("group", "left"),
+        ("lr", "right"),
+        ("wd", "right"),
+        ("tensors", "right"),
+        ("params", "right"),
+        ("", "left"),
+    ):
         table.add_column(column, justify=justify)
     for g in groups:
         wd = "" if g.weight_decay is None else f"{g.weight_decay:g}"
         params = human(g.numel) if g.tensors else "(empty)"
-        table.add_row(str(g.index), g.name, f"{g.lr:.3g}", wd, str(g.tensors), params,
-                      Text(g.status, style=_STATUS_STYLE.get(g.status, "")))
+        table.add_row(
+            str(g.index),
+            g.name,
+            f"{g.lr:.3g}",
+            wd,
+            str(g.tensors),
+            params,
+            Text(g.status, style=_STATUS_STYLE.get(g.status, "")),
+        )
     return table
 
 
@@ -105,13 +125,17 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
 
 
 def change(change: Change, width: int = 100) -> Rendered:
-    verb = {"freeze": "froze", "unfreeze": "unfroze", "replace_head": "replaced head",
-            "undo": "undid"}.get(change.action, change.action)
+    verb = {
+        "freeze": "froze",
+        "unfreeze": "unfroze",
+        "replace_head": "replaced head",
+        "undo": "undid",
+    }.get(change.action, change.action)
     title = Text()
     if change.dry_run:
         title.append("dry run — nothing changed · ", style="bold yellow")
     title.append(f"{verb} ", style="bold")
-    title.append(", ".join(change.effect.modules), style="bold cyan")
+    title.append(_names(change.effect.modules), style="bold cyan")
     title.append(f"  ({human(change.effect.params)} params) in `{change.model_name}`")
     before, after = change.before, change.after
     counts = Text(
@@ -122,8 +146,12 @@ def change(change: Change, width: int = 100) -> Rendered:
     if change.action == "undo":
         parts.insert(1, Text(f"reverted: {change.command.removeprefix('undo ')}", style="dim"))
     if change.effect.state_freed_bytes:
-        parts.append(Text(f"optimizer state moved off the accelerator: "
-                          f"{human_bytes(change.effect.state_freed_bytes)}"))
+        parts.append(
+            Text(
+                f"optimizer state moved off the accelerator: "
+                f"{human_bytes(change.effect.state_freed_bytes)}"
+            )
+        )
     bn = _bn_text(change.effect.bn_modes)
     if bn is not None:
         parts.append(bn)
@@ -144,25 +172,40 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
         show_edge=False,
         pad_edge=False,
     )
-    for column, justify in (("module", "left"), ("type", "left"), ("params", "right"),
-                            ("state", "left"), ("BatchNorm", "left"), ("group", "left"),
-                            ("lr", "right")):
+    for column, justify in (
+        ("module", "left"),
+        ("type", "left"),
+        ("params", "right"),
+        ("state", "left"),
+        ("BatchNorm", "left"),
+        ("group", "left"),
+        ("lr", "right"),
+    ):
         table.add_column(column, justify=justify, overflow="fold")
     for row in report.rows:
         label = ("  " * row.depth) + (row.name.rsplit(".", 1)[-1] if row.depth else row.name)
-        table.add_row(label, row.kind, human(row.params) if row.params else "",
-                      Text(row.state, style=_STATE_STYLE.get(row.state, "")), row.bn,
-                      row.groups, row.lr)
+        table.add_row(
+            label,
+            row.kind,
+            human(row.params) if row.params else "",
+            Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+            row.bn,
+            row.groups,
+            row.lr,
+        )
     c = report.counts
     parts: list[RenderableType] = [table]
     if report.hidden_rows:
-        parts.append(Text(f"… {report.hidden_rows} more rows not shown (use --depth to choose)",
-                          style="dim"))
-    parts.append(Text(
-        f"total {human(c.total)} params ({human_bytes(c.param_bytes)}) · trainable "
-        f"{human(c.trainable)} ({c.trainable_pct:.1f}%) · frozen {human(c.frozen)} · "
-        f"buffers {human_bytes(c.buffer_bytes)} · depth {report.depth}"
-    ))
+        parts.append(
+            Text(f"… {report.hidden_rows} more rows not shown (use --depth to choose)", style="dim")
+        )
+    parts.append(
+        Text(
+            f"total {human(c.total)} params ({human_bytes(c.param_bytes)}) · trainable "
+            f"{human(c.trainable)} ({c.trainable_pct:.1f}%) · frozen {human(c.frozen)} · "
+            f"buffers {human_bytes(c.buffer_bytes)} · depth {report.depth}"
+        )
+    )
     if report.groups:
         parts.append(_groups_table(report.groups, report.optimizer_name))
     return Rendered(Group(*parts), width)
@@ -171,26 +214,40 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
 def history(entries: Sequence[HistoryEntry], width: int = 100) -> Rendered:
     if not entries:
         return Rendered(Text("no commands yet", style="dim"), width)
-    table = Table(title="torchmagic history", title_justify="left", title_style="bold",
-                  show_edge=False, pad_edge=False)
+    table = Table(
+        title="torchmagic history",
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
     for column in ("#", "command", "model", "modules", ""):
         table.add_column(column)
     for e in entries:
-        table.add_row(str(e.index), e.command, e.model_name, ", ".join(e.modules),
-                      "" if e.live else Text("stale: model rebound", style="dim"))
+        table.add_row(
+            str(e.index),
+            e.command,
+            e.model_name,
+            _names(e.modules),
+            "" if e.live else Text("stale: model rebound", style="dim"),
+        )
     return Rendered(table, width)
 
 
 def manifest_help(manifest: Mapping, width: int = 100) -> Rendered:
-    table = Table(title=f"{manifest['name']} {manifest['version']} — load with "
-                        f"{manifest['load']}", title_justify="left", title_style="bold",
-                  show_lines=True)
+    table = Table(
+        title=f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
+        title_justify="left",
+        title_style="bold",
+        show_lines=True,
+    )
     for column in ("magic", "usage", "what it does", "example"):
         table.add_column(column, overflow="fold")
     for magic in manifest["magics"]:
         prefix = "%%" if magic["kind"] == "cell" else "%"
-        table.add_row(f"{prefix}{magic['name']}", magic["usage"], magic["summary"],
-                      magic["example"])
+        table.add_row(
+            f"{prefix}{magic['name']}", magic["usage"], magic["summary"], magic["example"]
+        )
     return Rendered(table, width)
 
 

@@ -102,9 +102,11 @@ def _trainable_copy(frozen: FrozenBatchNorm2d, training: bool) -> nn.BatchNorm2d
 def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
     out = []
     for block in selection.blocks:
-        items = block.module.named_modules(prefix=block.name) if block.recurse else [
-            (block.name, block.module)
-        ]
+        items = (
+            block.module.named_modules(prefix=block.name)
+            if block.recurse
+            else [(block.name, block.module)]
+        )
         out.extend((name, m) for name, m in items if is_batchnorm(m))
     return out
 

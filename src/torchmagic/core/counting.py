@@ -25,7 +25,12 @@ def count(model: nn.Module) -> Counts:
 
 
 def group_key(group: dict) -> GroupKey:
-    return (id(group), tuple(id(p) for p in group["params"]), group["lr"], group.get("weight_decay"))
+    return (
+        id(group),
+        tuple(id(p) for p in group["params"]),
+        group["lr"],
+        group.get("weight_decay"),
+    )
 
 
 def group_keys(optimizer: torch.optim.Optimizer | None) -> dict[int, GroupKey]:

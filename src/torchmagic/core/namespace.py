@@ -98,6 +98,10 @@ class Workspace:
         if len(roots) > 1:
             raise TorchMagicError(f"one model per command, got {', '.join(roots)}")
         name, model = self.resolve_model(roots[0] if roots else None)
+        for target in relative:
+            head = target.head
+            if head in self.namespace and head not in unwrap(model)._modules:
+                raise TorchMagicError(f"{self._not_a_model(head)} (in '{target.text}')")
         if len(relative) > 1:  # `model "*.bn*"`: a bare model name only sets the root
             relative = [t for t in relative if not t.is_whole] or relative[:1]
         return name, model, relative
@@ -128,7 +132,9 @@ class Workspace:
                 if n == remembered:
                     return n, o
             names = ", ".join(n for n, _ in owning)
-            raise TorchMagicError(f"several optimizers hold '{model_name}': {names}; pass --opt NAME")
+            raise TorchMagicError(
+                f"several optimizers hold '{model_name}': {names}; pass --opt NAME"
+            )
         if owning:
             return owning[0]
         if remembered is not None and isinstance(

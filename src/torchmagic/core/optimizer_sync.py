@@ -61,7 +61,9 @@ class OptimizerEditor:
         touched: list[set[int] | None] = [None]  # None until commit: roll back everything
 
         def seal() -> None:
-            touched[0] = {id(g) for g, s in zip(groups, saved, strict=True) if not _same_group(g, s)}
+            touched[0] = {
+                id(g) for g, s in zip(groups, saved, strict=True) if not _same_group(g, s)
+            }
 
         def restore() -> None:
             for group, copy in zip(groups, saved, strict=True):

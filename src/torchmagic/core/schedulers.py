@@ -92,7 +92,9 @@ def check(schedulers: Iterable[object], optimizer: torch.optim.Optimizer, ref: i
         )
 
 
-def snapshot(schedulers: Iterable[object], optimizer: torch.optim.Optimizer, tx: Transaction) -> None:
+def snapshot(
+    schedulers: Iterable[object], optimizer: torch.optim.Optimizer, tx: Transaction
+) -> None:
     """Record every per-group list so the command can be undone.
 
     Take it before the optimizer snapshot: inverses run newest first, so the groups are

@@ -107,8 +107,10 @@ def resolve(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
         return _resolve_glob(model, target.glob)
     segments = target.segments
     # Paths written through a wrapper (`model.module.fc`, `model._orig_mod.fc`) still work.
-    while segments and segments[0].text in ("module", "_orig_mod") and (
-        segments[0].text not in model._modules
+    while (
+        segments
+        and segments[0].text in ("module", "_orig_mod")
+        and (segments[0].text not in model._modules)
     ):
         segments = segments[1:]
     return _resolve_path(model, Target(target.text, segments))
@@ -152,4 +154,3 @@ def select(
     if not blocks:
         raise TorchMagicError("nothing left to act on: --except removed every selected module")
     return Selection(model, tuple(blocks))
-

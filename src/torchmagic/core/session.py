@@ -207,7 +207,9 @@ class Session:
         (``"fc"``, ``"model.classifier.6"``), or a model/sub-tree to search.
         """
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise TorchMagicError(f"the number of classes must be a positive integer, got {num_classes}")
+            raise TorchMagicError(
+                f"the number of classes must be a positive integer, got {num_classes}"
+            )
         if where in (None, "auto"):
             name, model = self.workspace.resolve_model()
             root_name, relative = "", None

@@ -56,9 +56,7 @@ def freeze(target: Target, selection: Selection, bn_policy: str, tx: Transaction
     params = selection.parameters()
     bns = batchnorm.mode_counts(selection.modules())
     if not params and not bns:
-        raise TorchMagicError(
-            f"nothing to freeze: {', '.join(selection.names)} has no parameters"
-        )
+        raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
     freed = 0
     if target.optimizer is not None:
         freed = OptimizerEditor(target.optimizer, tx).remove(params)
@@ -112,7 +110,9 @@ def unfreeze(
         schedulers.check(target.schedulers, opt, ref)
         schedulers.snapshot(target.schedulers, opt, tx)
     swapped = batchnorm.release(selection, tx)
-    blocks = [Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks]
+    blocks = [
+        Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
+    ]
     all_params: list[nn.Parameter] = []
     notes: list[str] = []
     seen: set[int] = set()
@@ -140,7 +140,9 @@ def unfreeze(
         all_params = Selection(selection.model, tuple(blocks)).parameters()
         notes.append("no optimizer holds this model's parameters: only requires_grad changed")
     if not all_params:
-        raise TorchMagicError(f"nothing to unfreeze: {', '.join(selection.names)} has no parameters")
+        raise TorchMagicError(
+            f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
+        )
     _set_requires_grad(all_params, True, tx)
     modes = batchnorm.mode_counts(m for b in blocks for m in b.modules())
     return Effect(selection.names, _numel(all_params), 0, dict(modes), tuple(notes))
@@ -202,8 +204,11 @@ def replace_head(
     else:
         notes.append("no optimizer holds this model's parameters: create one for the new head")
     old_shape = f"{found[0].in_features}→{found[0].out_features}"
-    notes.insert(0, f"{located[0][0]}: {type(found[0].module).__name__} {old_shape} "
-                    f"replaced by {found[0].in_features}→{num_classes}")
+    notes.insert(
+        0,
+        f"{located[0][0]}: {type(found[0].module).__name__} {old_shape} "
+        f"replaced by {found[0].in_features}→{num_classes}",
+    )
     if len(located) > 1:
         notes.append("auxiliary heads replaced too: " + ", ".join(n for n, _ in located[1:]))
     return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, tuple(notes))

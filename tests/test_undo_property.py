@@ -1,0 +1,95 @@
+"""Property: any sequence of successful edits followed by as many undos restores the
+model and optimizer exactly (weights, flags, modules, hooks, groups, state)."""
+
+from collections import OrderedDict
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from snapshots import assert_same, snapshot
+from torchmagic import Session, TorchMagicError
+
+
+def block(cin, cout):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        OrderedDict(
+            stem=block(3, 4),
+            block1=block(4, 4),
+            block2=block(4, 4),
+            pool=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(4, 3),
+        )
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    sched.step()
+    return model, opt, sched
+
+
+TARGETS = ["stem", "block1", "block2", "block1-2", "*.1", "model", "fc", "block2.0"]
+ops = st.one_of(
+    st.tuples(
+        st.just("freeze"),
+        st.sampled_from(TARGETS),
+        st.sampled_from(["eval", "train", "frozen"]),
+        st.booleans(),
+    ),
+    st.tuples(
+        st.just("unfreeze"),
+        st.sampled_from(TARGETS),
+        st.sampled_from([None, 1e-3, "1e-4:1e-2"]),
+        st.booleans(),
+    ),
+    st.tuples(
+        st.just("replace_head"),
+        st.sampled_from(["auto", "fc"]),
+        st.integers(min_value=1, max_value=5),
+        st.booleans(),
+    ),
+)
+
+
+def apply(tm, op):
+    kind, where, arg, dry = op
+    if kind == "freeze":
+        return tm.freeze(where, bn=arg, dry_run=dry)
+    if kind == "unfreeze":
+        return tm.unfreeze(where, lr=arg, dry_run=dry)
+    return tm.replace_head(where, arg, dry_run=dry)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, min_size=1, max_size=6))
+def test_edits_then_undos_restore_everything(sequence):
+    model, opt, sched = build()
+    before = snapshot(model, opt)
+    lists_before = list(sched.base_lrs)
+    tm = Session(model, opt, schedulers=[sched])
+    done = 0
+    for op in sequence:
+        state = snapshot(model, opt)
+        try:
+            change = apply(tm, op)
+        except TorchMagicError:
+            assert_same(state, snapshot(model, opt))  # a refusal changes nothing
+            continue
+        if change.dry_run:
+            assert_same(state, snapshot(model, opt))
+        else:
+            done += 1
+            opt.state_dict()
+            assert len(sched.base_lrs) == len(opt.param_groups)
+    for _ in range(done):
+        tm.undo()
+    assert_same(before, snapshot(model, opt))
+    assert sched.base_lrs == lists_before
