@@ -93,3 +93,18 @@ def test_edits_then_undos_restore_everything(sequence):
         tm.undo()
     assert_same(before, snapshot(model, opt))
     assert sched.base_lrs == lists_before
+
+
+def test_undo_keeps_the_schedule_of_groups_it_only_changed_members_of():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    tm = Session(model, opt, schedulers=[sched])
+    tm.replace_head("auto", 7)  # the head leaves group 0: a membership change only
+    opt.step()
+    sched.step()
+    tm.undo()
+    assert opt.param_groups[0]["lr"] == 0.05  # training since is not rolled back
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.025

@@ -112,31 +112,37 @@ def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
 
 
 def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
-    """Apply ``policy`` to every BatchNorm inside a block being frozen."""
+    """Apply ``policy`` to every BatchNorm inside a block being frozen; count the modes."""
+    modes: Counter = Counter()
     for name, bn in _named_batchnorms(selection):
         if policy == "train":
             if is_held(bn):
                 _release(bn, selection.model.training, tx)
         elif policy == "frozen" and type(bn) is nn.BatchNorm2d:
-            _swap(selection.model, name, _frozen_copy(bn), tx)
+            bn = _frozen_copy(bn)
+            _swap(selection.model, name, bn, tx)
         elif isinstance(bn, _BatchNorm):
             _hold(bn, tx)
-    return mode_counts(m for _, m in _named_batchnorms(selection))
+        modes[mode(bn)] += 1
+    return modes
 
 
-def release(selection: Selection, tx: Transaction) -> dict[int, nn.Module]:
+def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module], Counter]:
     """Undo any policy on the BatchNorm layers of blocks being unfrozen.
 
     Held layers follow the model's train/eval mode again; FrozenBatchNorm2d layers become
-    trainable BatchNorm2d with the same statistics. Returns swapped modules by old ``id``.
+    trainable BatchNorm2d with the same statistics. Returns the swapped modules by old
+    ``id`` and the modes the layers are in afterwards.
     """
     training = selection.model.training
     swapped: dict[int, nn.Module] = {}
+    modes: Counter = Counter()
     for name, bn in _named_batchnorms(selection):
         if isinstance(bn, FrozenBatchNorm2d):
             new = _trainable_copy(bn, training)
             _swap(selection.model, name, new, tx)
-            swapped[id(bn)] = new
+            swapped[id(bn)] = bn = new
         elif is_held(bn):
             _release(bn, training, tx)
-    return swapped
+        modes[mode(bn)] += 1
+    return swapped, modes

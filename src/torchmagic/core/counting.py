@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import tensor_bytes
+from .modules import walk
 from .optimizer_sync import group_label
 from .results import Counts, GroupInfo
 
@@ -13,15 +13,25 @@ GroupKey = tuple[int, tuple[int, ...], float, float | None]
 
 
 def count(model: nn.Module) -> Counts:
-    params = list(model.parameters())  # deduplicated by torch: tied weights once
-    buffers = list(model.buffers())
-    return Counts(
-        total=sum(p.numel() for p in params),
-        trainable=sum(p.numel() for p in params if p.requires_grad),
-        tensors=len(params),
-        param_bytes=tensor_bytes(params),
-        buffer_bytes=tensor_bytes(buffers),
-    )
+    """Totals in one walk of the tree (tied parameters and shared buffers once)."""
+    seen: set[int] = set()
+    total = trainable = tensors = param_bytes = buffer_bytes = 0
+    for module in walk(model):
+        for p in module._parameters.values():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            total += n
+            tensors += 1
+            param_bytes += n * p.element_size()
+            if p.requires_grad:
+                trainable += n
+        for b in module._buffers.values():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                buffer_bytes += b.numel() * b.element_size()
+    return Counts(total, trainable, tensors, param_bytes, buffer_bytes)
 
 
 def group_key(group: dict) -> GroupKey:

@@ -23,6 +23,20 @@ def unwrap(module: nn.Module) -> nn.Module:
             return module
 
 
+def walk(model: nn.Module) -> Iterator[nn.Module]:
+    """Every module once, in registration order: ``model.modules()`` without its nested
+    generators, which dominate the cost of counting a 700-module model."""
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield module
+        stack.extend(m for m in reversed(module._modules.values()) if m is not None)
+
+
 def unique_parameters(modules: Iterable[nn.Module], recurse: bool = True) -> list[nn.Parameter]:
     """Parameters of several modules, each once (tied weights counted once), in order."""
     seen: set[int] = set()

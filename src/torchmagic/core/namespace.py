@@ -120,13 +120,16 @@ class Workspace:
                 what = "no variable" if value is None else f"a {type(value).__name__}"
                 raise TorchMagicError(f"--opt {name}: {what}, not a torch.optim.Optimizer")
             return name, value
+        optimizers = self.optimizers()
+        remembered = self.optimizer_of.get(model_name)
+        if len(optimizers) == 1 and optimizers[0][0] == remembered:
+            return optimizers[0]  # the usual case: skip the walk over the model
         ids = {id(p) for p in model.parameters()}
         owning = [
             (n, o)
-            for n, o in self.optimizers()
+            for n, o in optimizers
             if any(id(p) in ids for g in o.param_groups for p in g["params"])
         ]
-        remembered = self.optimizer_of.get(model_name)
         if len(owning) > 1:
             for n, o in owning:
                 if n == remembered:

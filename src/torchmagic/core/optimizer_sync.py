@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .modules import parameter_names
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by schedulers.py for new groups, never copied.
@@ -36,40 +37,62 @@ def _copy_group(group: dict) -> dict:
     return copy
 
 
-def _same_group(group: dict, saved: dict) -> bool:
-    return (
-        len(group["params"]) == len(saved["params"])
-        and all(a is b for a, b in zip(group["params"], saved["params"], strict=True))
-        and group.get("lr") == saved.get("lr")
-        and group.get("weight_decay") == saved.get("weight_decay")
-    )
+_MEMBERSHIP = frozenset({"params", "param_names"})
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    try:
+        return a is b or bool(a == b)
+    except (RuntimeError, ValueError):  # tensors of several elements
+        return False
+
+
+def _changed_keys(group: dict, saved: dict) -> set[str]:
+    return {k for k in group.keys() | saved.keys() if not _same(group.get(k), saved.get(k))}
 
 
 class OptimizerEditor:
     """Edits one optimizer inside a transaction.
 
-    On construction it remembers the groups; the inverse restores group membership and
-    the hyper-parameters of the groups this command touched (found at commit), drops
-    groups it added, and leaves the lrs that training moved since in untouched groups.
+    The inverse puts every group back in its place with its old members and drops the
+    groups the command added. Hyper-parameters (lr, weight decay, schedule keys) go back
+    only in groups whose hyper-parameters the command itself changed: a group that merely
+    lost or gained members keeps the lr its scheduler has moved it to since.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, tx: Transaction) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, tx: Transaction, model: nn.Module) -> None:
         self.optimizer = optimizer
         self._tx = tx
+        self._model = model
+        self._names: dict[int, str] | None = None
         groups = list(optimizer.param_groups)
         saved = [_copy_group(g) for g in groups]
-        touched: list[set[int] | None] = [None]  # None until commit: roll back everything
+        # what to restore per group; until commit (a rollback) everything
+        restore_keys: list[set[str] | None] = [None] * len(groups)
 
         def seal() -> None:
-            touched[0] = {
-                id(g) for g, s in zip(groups, saved, strict=True) if not _same_group(g, s)
-            }
+            for i, (group, copy) in enumerate(zip(groups, saved, strict=True)):
+                changed = _changed_keys(group, copy)
+                restore_keys[i] = (
+                    set()
+                    if not changed
+                    else (set(_MEMBERSHIP) if changed <= _MEMBERSHIP else set(copy) | changed)
+                )
 
         def restore() -> None:
-            for group, copy in zip(groups, saved, strict=True):
-                if touched[0] is None or id(group) in touched[0]:
+            for group, copy, keys in zip(groups, saved, restore_keys, strict=True):
+                if keys is None:
                     group.clear()
                     group.update(_copy_group(copy))
+                    continue
+                fresh = _copy_group(copy)
+                for key in keys:
+                    if key in fresh:
+                        group[key] = fresh[key]
+                    else:
+                        group.pop(key, None)
             optimizer.param_groups[:] = groups
             live = {id(p) for g in groups for p in g["params"]}
             for p in [p for p in optimizer.state if id(p) not in live]:
@@ -81,6 +104,13 @@ class OptimizerEditor:
     @property
     def uses_param_names(self) -> bool:
         return any("param_names" in g for g in self.optimizer.param_groups)
+
+    def _names_of(self, params: Sequence[nn.Parameter]) -> list[str]:
+        """Qualified names, for optimizers built from ``named_parameters()`` (looked up
+        only for those: walking the model is the slow part of an edit)."""
+        if self._names is None:
+            self._names = parameter_names(self._model)
+        return [self._names[id(p)] for p in params]
 
     def detach(self, params: Sequence[nn.Parameter]) -> None:
         """Take ``params`` out of whatever groups hold them, keeping their state."""
@@ -132,7 +162,6 @@ class OptimizerEditor:
         name: str,
         lr: float,
         template: dict,
-        names: Sequence[str] = (),
         weight_decay: float | None = None,
     ) -> int:
         """Put ``params`` in a group called ``name`` at ``lr`` and return its index.
@@ -146,7 +175,7 @@ class OptimizerEditor:
             if group.get("name") == name and not group["params"]:
                 group["params"] = list(params)
                 if "param_names" in group:
-                    group["param_names"] = list(names)
+                    group["param_names"] = self._names_of(params)
                 group["lr"] = lr
                 if weight_decay is not None:
                     group["weight_decay"] = weight_decay
@@ -155,7 +184,9 @@ class OptimizerEditor:
             k: v for k, v in template.items() if k not in SCHEDULE_KEYS and k not in _IDENTITY_KEYS
         }
         new["params"] = (
-            list(zip(names, params, strict=True)) if self.uses_param_names else list(params)
+            list(zip(self._names_of(params), params, strict=True))
+            if self.uses_param_names
+            else list(params)
         )
         new.update(lr=lr, name=name)
         if weight_decay is not None:
@@ -163,9 +194,9 @@ class OptimizerEditor:
         self.optimizer.add_param_group(new)
         return len(groups) - 1
 
-    def set_params(self, index: int, params: Sequence[nn.Parameter], names: Sequence[str]) -> None:
+    def set_params(self, index: int, params: Sequence[nn.Parameter]) -> None:
         """Make group ``index`` hold exactly ``params`` (a replaced head reusing its group)."""
         group = self.optimizer.param_groups[index]
         group["params"] = list(params)
         if "param_names" in group:
-            group["param_names"] = list(names)
+            group["param_names"] = self._names_of(params)

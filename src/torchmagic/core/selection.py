@@ -120,6 +120,17 @@ def _is_within(name: str, ancestor: str) -> bool:
     return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
 
 
+def _position(model: nn.Module, name: str) -> tuple[int, ...]:
+    """Where ``name`` sits in registration order, without walking the whole model."""
+    position = []
+    module = model
+    for part in name.split(".") if name else ():
+        keys = list(module._modules)
+        position.append(keys.index(part))
+        module = module._modules[part]
+    return tuple(position)
+
+
 def select(
     model: nn.Module, targets: Sequence[Target], exclude: Sequence[Target] = ()
 ) -> Selection:
@@ -134,7 +145,6 @@ def select(
         for name, module in resolve(model, target):
             picked.setdefault(name, module)
     excluded = {name for t in exclude for name, _ in resolve(model, t)}
-    order = {name: i for i, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
     tops = [n for n in picked if not any(o != n and _is_within(n, o) for o in picked)]
     blocks: list[Block] = []
 
@@ -149,7 +159,7 @@ def select(
         for child_name, child in module.named_children():
             carve(f"{name}.{child_name}" if name else child_name, child)
 
-    for name in sorted(tops, key=lambda n: order.get(n, 0)):
+    for name in sorted(tops, key=lambda n: _position(model, n)):
         carve(name, picked[name])
     if not blocks:
         raise TorchMagicError("nothing left to act on: --except removed every selected module")

@@ -14,7 +14,7 @@ from torch import nn
 
 from . import batchnorm, heads, schedulers
 from .errors import TorchMagicError
-from .modules import parameter_names, parent_of, unique_parameters
+from .modules import is_batchnorm, parent_of, unique_parameters
 from .optimizer_sync import OptimizerEditor, group_index
 from .results import Effect
 from .selection import Block, Selection
@@ -54,12 +54,11 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
 
 def freeze(target: Target, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
     params = selection.parameters()
-    bns = batchnorm.mode_counts(selection.modules())
-    if not params and not bns:
+    if not params and not any(is_batchnorm(m) for m in selection.modules()):
         raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
     freed = 0
     if target.optimizer is not None:
-        freed = OptimizerEditor(target.optimizer, tx).remove(params)
+        freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
     _set_requires_grad(params, False, tx)
     _drop_grads(params, tx)
     modes = batchnorm.apply(selection, bn_policy, tx)
@@ -73,13 +72,11 @@ def head_group(target: Target, exclude: Sequence[nn.Parameter] = ()) -> int | No
         return None
     where = group_index(target.optimizer)
     skip = {id(p) for p in exclude}
-    for p in reversed(list(target.model.parameters())):
-        if id(p) in where and id(p) not in skip:
+    held = [p for p in reversed(list(target.model.parameters())) if id(p) in where]
+    for p in held:
+        if id(p) not in skip:
             return where[id(p)]
-    for p in reversed(list(target.model.parameters())):
-        if id(p) in where:
-            return where[id(p)]
-    return None
+    return where[id(held[0])] if held else None
 
 
 def _group_name(block: Block, model_name: str) -> str:
@@ -109,7 +106,7 @@ def unfreeze(
             raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set")
         schedulers.check(target.schedulers, opt, ref)
         schedulers.snapshot(target.schedulers, opt, tx)
-    swapped = batchnorm.release(selection, tx)
+    swapped, modes = batchnorm.release(selection, tx)
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
     ]
@@ -117,10 +114,9 @@ def unfreeze(
     notes: list[str] = []
     seen: set[int] = set()
     if opt is not None:
-        editor = OptimizerEditor(opt, tx)
+        editor = OptimizerEditor(opt, tx, target.model)
         template = opt.param_groups[ref]
         ref_lr = float(template["lr"])
-        names = parameter_names(target.model)
         for block, lr in zip(blocks, lrs, strict=True):
             params = [p for p in block.parameters() if id(p) not in seen]
             seen.update(id(p) for p in params)
@@ -132,7 +128,6 @@ def unfreeze(
                 name=_group_name(block, target.model_name),
                 lr=lr if lr is not None else lr_ratio * ref_lr,
                 template=template,
-                names=[names[id(p)] for p in params],
                 weight_decay=weight_decay,
             )
             schedulers.follow(target.schedulers, opt, index, ref)
@@ -144,7 +139,6 @@ def unfreeze(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
     _set_requires_grad(all_params, True, tx)
-    modes = batchnorm.mode_counts(m for b in blocks for m in b.modules())
     return Effect(selection.names, _numel(all_params), 0, dict(modes), tuple(notes))
 
 
@@ -179,7 +173,7 @@ def replace_head(
         ref = held[0] if held else None
         schedulers.check(target.schedulers, opt, 0 if ref is None else ref)
         schedulers.snapshot(target.schedulers, opt, tx)
-        editor = OptimizerEditor(opt, tx)
+        editor = OptimizerEditor(opt, tx, target.model)
         only_head = ref is not None and {id(p) for p in opt.param_groups[ref]["params"]} <= {
             id(p) for p in old_params
         }
@@ -190,16 +184,12 @@ def replace_head(
     new_params = unique_parameters(new_modules)
     notes = []
     if opt is not None:
-        names = parameter_names(target.model)
-        new_names = [names[id(p)] for p in new_params]
         if only_head:
-            editor.set_params(ref, new_params, new_names)
+            editor.set_params(ref, new_params)
         else:
             source = opt.param_groups[0 if ref is None else ref]
             lr = float(source["lr"]) if ref is not None else float(opt.defaults["lr"])
-            index = editor.add_group(
-                new_params, name=located[0][0], lr=lr, template=source, names=new_names
-            )
+            index = editor.add_group(new_params, name=located[0][0], lr=lr, template=source)
             schedulers.follow(target.schedulers, opt, index, 0 if ref is None else ref)
     else:
         notes.append("no optimizer holds this model's parameters: create one for the new head")
