@@ -73,12 +73,13 @@ def test_every_registered_magic_is_described_and_vice_versa():
 
 @pytest.mark.parametrize("magic", load_manifest()["magics"], ids=lambda m: m["name"])
 def test_arguments_match_the_parser(magic):
-    func = getattr(TorchMagics, TorchMagics.magics["line"][magic["name"]])
+    func = getattr(TorchMagics, TorchMagics.magics[magic["kind"]][magic["name"]])
+    prefix = "%%" if magic["kind"] == "cell" else "%"
     assert _manifest_arguments(magic) == _parser_arguments(func)
     keys = [kv["name"] for kv in magic["key_values"]]
     assert tuple(keys) == KEY_OPTIONS.get(magic["name"], ())
-    assert magic["example"].startswith(f"%{magic['name']}")
-    assert magic["usage"].startswith(f"%{magic['name']}")
+    assert magic["example"].startswith(f"{prefix}{magic['name']}")
+    assert magic["usage"].startswith(f"{prefix}{magic['name']}")
 
 
 def test_config_matches_the_traits():

@@ -12,20 +12,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.process import arg_split
-from traitlets import Enum, Float, Integer, observe
+from traitlets import Enum, Float, Integer, Unicode, observe
 
 from . import render
 from .core import Session, SessionConfig, TorchMagicError
+from .core.amp import MODES, cell_autocast
 from .core.batchnorm import POLICIES
 from .core.grammar import split_options
 from .manifest import load_manifest
 
 KEY_OPTIONS = {"freeze": (), "unfreeze": ("lr", "wd"), "replace_head": (), "summary": ()}
-TM_ACTIONS = ("history", "undo", "use", "help")
+TM_ACTIONS = ("history", "undo", "use", "fits", "help")
 _INT = re.compile(r"^[+-]?\d+$")
 
 
@@ -58,6 +59,9 @@ class TorchMagics(Magics):
     width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
     summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
     summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(config=True)
+    scaler_name = Unicode(
+        "scaler", help="User variable that %amp on fp16 binds the session's GradScaler to."
+    ).tag(config=True)
 
     def __init__(self, shell=None, **kwargs) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -225,11 +229,11 @@ class TorchMagics(Magics):
         self._show(render.summary(report, self.width))
 
     @magic_arguments()
-    @argument("action", choices=TM_ACTIONS, help="history | undo | use NAME | help")
+    @argument("action", choices=TM_ACTIONS, help="history | undo | use NAME | fits | help")
     @argument("name", nargs="?", default=None, help="the model variable, for `use`")
     @line_magic
     def tm(self, line: str) -> None:
-        """Session commands: history, undo, use NAME, help."""
+        """Session commands: history, undo, use NAME, fits, help."""
         args = _parse(self.tm, line)
         self._sync_namespace()
         with usage_errors():
@@ -239,6 +243,8 @@ class TorchMagics(Magics):
                 shown = render.history(self.session.history(), self.width)
             elif args.action == "undo":
                 shown = render.change(self.session.undo(), self.width)
+            elif args.action == "fits":
+                shown = render.fits(self.session.fits, self.width)
             elif args.action == "use":
                 if args.name is None:
                     raise TorchMagicError("usage: %tm use NAME")
@@ -246,3 +252,104 @@ class TorchMagics(Magics):
             else:
                 shown = render.manifest_help(load_manifest(), self.width)
         self._show(shown)
+
+    # -- training --------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="on|off [auto|bf16|fp16]",
+        help="line: on [auto|bf16|fp16] | off | nothing for the status; cell: [auto|bf16|fp16]",
+    )
+    @line_cell_magic
+    def amp(self, line: str, cell: str | None = None):
+        """Mixed precision: status, on/off for the session, or one cell under autocast."""
+        words = _parse(self.amp, line).words
+        self._sync_namespace()
+        with usage_errors():
+            if cell is not None:
+                if len(words) > 1 or (words and words[0] not in MODES):
+                    raise TorchMagicError("usage: %%amp [auto|bf16|fp16]")
+                context = cell_autocast(
+                    self.session.amp, words[0] if words else None, self.session.device_type()
+                )
+            elif not words:
+                status = self.session.amp.status()
+            elif words[0] == "on" and len(words) <= 2:
+                status = self.session.amp_on(words[1] if len(words) == 2 else "auto")
+            elif words == ["off"]:
+                status = self.session.amp.turn_off()
+            else:
+                raise TorchMagicError("usage: %amp [on [auto|bf16|fp16] | off]")
+        if cell is not None:
+            with context:
+                return self.shell.run_cell(cell).result
+        self._bind_scaler()
+        self._show(render.amp_status(status, self.width))
+        return None
+
+    def _bind_scaler(self) -> None:
+        """Keep the user's ``scaler`` variable pointing at the session's GradScaler."""
+        ns, name, scaler = self.shell.user_ns, self.scaler_name, self.session.amp.scaler
+        if scaler is not None:
+            ns[name] = scaler
+        elif type(ns.get(name)).__name__ == "GradScaler":
+            del ns[name]
+
+    @magic_arguments()
+    @argument(
+        "names",
+        nargs="+",
+        metavar="[MODEL] TRAIN_LOADER",
+        help="the model variable (default: the current model) and the training loader",
+    )
+    @argument(
+        "--val",
+        default=None,
+        metavar="VAL_LOADER",
+        help="validation loader: loss and accuracy after each epoch",
+    )
+    @argument("--epochs", type=int, default=1, metavar="N", help="epochs to train")
+    @argument(
+        "--max-steps", type=int, default=None, metavar="N", help="stop after N optimizer steps"
+    )
+    @argument(
+        "--loss",
+        default="cross_entropy",
+        metavar="NAME",
+        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
+    )
+    @argument(
+        "--cache-features",
+        action="store_true",
+        help="linear probing: run the frozen backbone once, train the head on its features",
+    )
+    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable")
+    @line_magic
+    def fit(self, line: str):
+        """Train with the model's optimizer, schedulers and AMP policy, with live progress."""
+        args = _parse(self.fit, line)
+        self._sync_namespace()
+        with usage_errors():
+            if len(args.names) > 2:
+                raise TorchMagicError("usage: %fit [MODEL] TRAIN_LOADER [--val VAL_LOADER] …")
+            model, train = args.names if len(args.names) == 2 else [None, *args.names]
+            if self.shell.__class__.__name__ == "TerminalInteractiveShell":
+                observer = render.TerminalProgress(self.width)
+            else:
+                observer = render.NotebookProgress(
+                    lambda shown: display(shown, display_id=True), self.width
+                )
+            history = self.session.fit(
+                train,
+                model=model,
+                val=args.val,
+                epochs=args.epochs,
+                max_steps=args.max_steps,
+                loss=args.loss,
+                cache_features=args.cache_features,
+                optimizer=args.opt,
+                observer=observer,
+            )
+        return render.fit_history(history, self.width)

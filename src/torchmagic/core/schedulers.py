@@ -46,6 +46,14 @@ def flatten(schedulers: Iterable[object]) -> list[object]:
     return out
 
 
+def roots(schedulers: Iterable[object]) -> list[object]:
+    """The schedulers a training loop steps itself: children of SequentialLR /
+    ChainedScheduler are stepped by their parent."""
+    schedulers = list(schedulers)
+    children = {id(c) for s in schedulers for c in getattr(s, "_schedulers", ())}
+    return [s for s in schedulers if id(s) not in children]
+
+
 def bound_to(candidates: Iterable[object], optimizer: torch.optim.Optimizer) -> list[object]:
     """The schedulers among ``candidates`` (and their children) that drive ``optimizer``."""
     return [

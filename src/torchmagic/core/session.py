@@ -19,9 +19,12 @@ import torch
 from torch import nn
 
 from . import surgery
+from .amp import AmpController, AmpStatus
 from .batchnorm import POLICIES
 from .counting import count, describe_groups, group_keys
 from .errors import TorchMagicError
+from .fit import FitHistory, FitObserver, FitPlan, resolve_loss
+from .fit import fit as run_fit
 from .grammar import (
     LrSpec,
     check_positive,
@@ -34,6 +37,7 @@ from .history import History, Record
 from .modules import unwrap
 from .namespace import Workspace
 from .results import Change, Effect, HistoryEntry, SummaryReport
+from .schedulers import roots as scheduler_roots
 from .selection import resolve, select
 from .summary import summarize
 from .transaction import Transaction
@@ -76,6 +80,9 @@ class Session:
         self.workspace = Workspace(namespace, hidden)
         self.config = config or SessionConfig()
         self._history = History()
+        self.device: torch.device | None = None  # set by %device; None: where the model is
+        self.amp = AmpController()
+        self.fits: list[FitHistory] = []
 
     # -- resolving -------------------------------------------------------------------
 
@@ -282,6 +289,105 @@ class Session:
             after=count(model),
             groups=describe_groups(opt, groups_before),
         )
+
+    # -- training --------------------------------------------------------------------
+
+    def model_device(self, model: nn.Module) -> torch.device:
+        """Where ``model``'s parameters live (the CPU for a model without any)."""
+        for p in model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def device_type(self, model: str | None = None) -> str:
+        """The session's device type, else that of the (current) model's parameters."""
+        if self.device is not None:
+            return self.device.type
+        _, module = self.workspace.resolve_model(model)
+        return self.model_device(unwrap(module)).type
+
+    def amp_on(self, mode: str = "auto", model: str | None = None) -> AmpStatus:
+        """Autocast for training on the session's device (else the current model's)."""
+        return self.amp.turn_on(self.device_type(model), mode)
+
+    def autocast(self):
+        """``with tm.autocast():`` around forward and loss in a hand-written loop."""
+        return self.amp.autocast()
+
+    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
+        """backward, (unscale) step, scaler update, zero_grad — correct under every
+        precision policy; returns whether the optimizer stepped."""
+        return self.amp.step(loss, optimizer)
+
+    def _loader(self, value: object, what: str) -> object:
+        if isinstance(value, str):
+            if value not in self.workspace.namespace:
+                raise TorchMagicError(f"no variable named '{value}' for {what}")
+            value = self.workspace.namespace[value]
+        if not hasattr(value, "__iter__"):
+            raise TorchMagicError(
+                f"{what} must be an iterable of batches, got {type(value).__name__}"
+            )
+        return value
+
+    def fit(
+        self,
+        train: object,
+        *,
+        model: str | None = None,
+        val: object | None = None,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        loss: str = "cross_entropy",
+        cache_features: bool = False,
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+    ) -> FitHistory:
+        """Train the (current) model on ``train`` with its optimizer, its schedulers and
+        the AMP policy; returns the history, which the session also keeps in ``fits``."""
+        if epochs < 1:
+            raise TorchMagicError(f"--epochs must be at least 1, got {epochs}")
+        if max_steps is not None and max_steps < 1:
+            raise TorchMagicError(f"--max-steps must be at least 1, got {max_steps}")
+        name, module = self.workspace.resolve_model(model)
+        target = self._target(name, module, optimizer)
+        if target.optimizer is None:
+            raise TorchMagicError(
+                f"no optimizer holds the parameters of '{name}'; create one, e.g. "
+                f"optimizer = torch.optim.AdamW(p for p in {name}.parameters() "
+                "if p.requires_grad)"
+            )
+        device = self.model_device(target.model)
+        if self.device is not None and self.device != device:
+            raise TorchMagicError(
+                f"'{name}' is on {device} but the session device is {self.device}; "
+                "run %device move first"
+            )
+        if self.amp.enabled and self.amp.device_type != device.type:
+            raise TorchMagicError(
+                f"AMP is on for {self.amp.device_type} but '{name}' is on {device.type}; "
+                "run %amp on again"
+            )
+        plan = FitPlan(
+            model=target.model,
+            model_name=name,
+            optimizer=target.optimizer,
+            schedulers=scheduler_roots(target.schedulers),
+            loss_fn=resolve_loss(loss, self.workspace.namespace),
+            device=device,
+            amp=self.amp,
+            train=self._loader(train, "the training data"),
+            val=None if val is None else self._loader(val, "--val"),
+            epochs=epochs,
+            max_steps=max_steps,
+            cache_features=cache_features,
+            label=f"fit {len(self.fits) + 1}",
+        )
+        if observer is not None:
+            plan.observer = observer
+        history = run_fit(plan)
+        self.fits.append(history)
+        self.workspace.current = name
+        return history
 
     def use(self, name: str) -> str:
         """Make ``name`` the current model for commands that do not name one."""

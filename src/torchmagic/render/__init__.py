@@ -2,9 +2,23 @@
 
 from .base import Rendered, human, human_bytes
 from .surgery import change, history, manifest_help, message, summary
+from .training import (
+    HistoryView,
+    NotebookProgress,
+    TerminalProgress,
+    amp_status,
+    fit_history,
+    fits,
+)
 
 __all__ = [
+    "HistoryView",
+    "NotebookProgress",
     "Rendered",
+    "TerminalProgress",
+    "amp_status",
+    "fit_history",
+    "fits",
     "change",
     "history",
     "human",

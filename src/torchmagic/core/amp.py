@@ -1,0 +1,143 @@
+"""Mixed precision that picks itself: the autocast dtype per device, the GradScaler that
+fp16 needs (and bf16 does not), and one correct training step for hand-written loops.
+
+Only ``torch.autocast`` and ``torch.amp.GradScaler`` are used — never the deprecated
+``torch.cuda.amp`` spellings, never ``model.half()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .errors import TorchMagicError
+
+MODES = ("auto", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def supports_bf16(device_type: str) -> bool:
+    """Whether autocast in bf16 is worth it on this device type (never initialises CUDA
+    when no GPU is present: ``is_available`` is checked first)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type in ("cpu", "mps", "xpu")
+
+
+def choose_dtype(device_type: str, mode: str = "auto") -> torch.dtype:
+    """``auto``: bf16 where the device supports it, else fp16 on CUDA; on the CPU bf16.
+
+    fp16 on the CPU is refused: CPU autocast in fp16 is slow and needs loss scaling that
+    CPU training does not otherwise use; bf16 has the same range as fp32.
+    """
+    if mode not in MODES:
+        raise TorchMagicError(f"unknown precision '{mode}': choose one of {', '.join(MODES)}")
+    if mode == "fp16" and device_type == "cpu":
+        raise TorchMagicError(
+            "fp16 autocast on the CPU is refused (slow, and it would need a GradScaler); "
+            "use %amp on bf16 instead"
+        )
+    if mode == "auto":
+        return torch.bfloat16 if supports_bf16(device_type) else torch.float16
+    if mode == "bf16" and not supports_bf16(device_type):
+        raise TorchMagicError(f"this {device_type} device has no bf16 support; use %amp on fp16")
+    return _DTYPES[mode]
+
+
+@dataclass(frozen=True)
+class AmpStatus:
+    enabled: bool
+    dtype: str | None
+    device_type: str
+    scaler: bool
+    scale: float | None
+    note: str = ""
+
+
+class AmpController:
+    """The session's precision policy and, for fp16, its GradScaler.
+
+    Turning AMP off keeps the scaler's ``state_dict``; turning fp16 on again loads it into
+    the new scaler, so the loss scale found so far is not lost.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.dtype: torch.dtype | None = None
+        self.device_type = "cpu"
+        self.scaler: torch.amp.GradScaler | None = None
+        self._scaler_state: dict | None = None
+
+    def turn_on(self, device_type: str, mode: str = "auto") -> AmpStatus:
+        dtype = choose_dtype(device_type, mode)
+        self._park_scaler()
+        self.enabled, self.dtype, self.device_type = True, dtype, device_type
+        note = "bf16 keeps fp32's range: no GradScaler needed"
+        if dtype == torch.float16:
+            self.scaler = torch.amp.GradScaler(device_type)
+            if self._scaler_state:
+                self.scaler.load_state_dict(self._scaler_state)
+            note = "fp16 needs loss scaling: a GradScaler is bound to the session"
+        return self.status(note)
+
+    def turn_off(self) -> AmpStatus:
+        self._park_scaler()
+        self.enabled, self.dtype = False, None
+        return self.status("autocast off; the GradScaler's state is kept for next time")
+
+    def _park_scaler(self) -> None:
+        if self.scaler is not None:
+            self._scaler_state = self.scaler.state_dict()
+            self.scaler = None
+
+    def status(self, note: str = "") -> AmpStatus:
+        scale = None
+        if self.scaler is not None and self.scaler.is_enabled():
+            scale = float(self.scaler.get_scale())
+        return AmpStatus(
+            enabled=self.enabled,
+            dtype=_NAMES.get(self.dtype) if self.dtype is not None else None,
+            device_type=self.device_type,
+            scaler=self.scaler is not None,
+            scale=scale,
+            note=note,
+        )
+
+    def autocast(self, dtype: torch.dtype | None = None, device_type: str | None = None):
+        """The forward-and-loss context: autocast when AMP is on (or a dtype is given)."""
+        if dtype is None and not self.enabled:
+            return nullcontext()
+        return torch.autocast(
+            device_type=device_type or self.device_type, dtype=dtype or self.dtype
+        )
+
+    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
+        """backward → (unscale) step → scaler update → zero_grad, outside autocast.
+
+        Returns whether the optimizer stepped. With nothing trainable (no gradient reached
+        any parameter of the optimizer) the scaler is skipped: ``GradScaler.step`` refuses
+        an optimizer without recorded inf checks.
+        """
+        scaler = self.scaler if self.enabled else None
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        has_grads = any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+        if has_grads:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return has_grads
+
+
+@contextmanager
+def cell_autocast(controller: AmpController, mode: str | None, device_type: str) -> Iterator[None]:
+    """Autocast for one cell (``%%amp``) without changing the session's policy."""
+    dtype = choose_dtype(device_type, mode or "auto")
+    with controller.autocast(dtype=dtype, device_type=device_type):
+        yield

@@ -1,0 +1,117 @@
+"""What %fit needs to know about a data loader: how to move its batches, the order its
+next epoch will visit, and whether its transforms are random."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+# torchvision.transforms (v1 and v2) classes whose output changes from call to call.
+_RANDOM_TRANSFORMS = frozenset(
+    {
+        "ColorJitter",
+        "GaussianBlur",
+        "GaussianNoise",
+        "ElasticTransform",
+        "RandAugment",
+        "AutoAugment",
+        "TrivialAugmentWide",
+        "AugMix",
+        "ScaleJitter",
+        "JPEG",
+        "CutMix",
+        "MixUp",
+    }
+)
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Tensors of a batch (nested in tuples, lists, dicts) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(b, device, non_blocking) for b in batch]
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
+    """(inputs, targets) from the usual batch shapes: ``(x, y)`` or ``{"x"/"input", "y"/...}``."""
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        for xk, yk in (
+            ("x", "y"),
+            ("input", "target"),
+            ("inputs", "targets"),
+            ("image", "label"),
+            ("pixel_values", "labels"),
+        ):
+            if xk in batch and yk in batch:
+                return batch[xk], batch[yk]
+    raise TypeError(
+        "%fit expects batches of (inputs, targets) or a dict with x/y, input/target, "
+        "image/label or pixel_values/labels"
+    )
+
+
+def _base_dataset(dataset: Dataset) -> Dataset:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def _transform_parts(transform: Any) -> Iterator[Any]:
+    stack = [transform]
+    while stack:
+        t = stack.pop()
+        if t is None:
+            continue
+        yield t
+        for attr in ("transforms", "transform"):
+            inner = getattr(t, attr, None)
+            if isinstance(inner, (list, tuple)):
+                stack.extend(inner)
+            elif inner is not None and inner is not t and callable(inner):
+                stack.append(inner)
+
+
+def random_transforms(dataset: Dataset) -> list[str]:
+    """Names of torchvision random augmentations in the dataset's transforms."""
+    base = _base_dataset(dataset)
+    found = []
+    for attr in ("transform", "transforms", "target_transform"):
+        for part in _transform_parts(getattr(base, attr, None)):
+            cls = type(part)
+            if not cls.__module__.startswith("torchvision.transforms"):
+                continue
+            if cls.__name__.startswith("Random") or cls.__name__ in _RANDOM_TRANSFORMS:
+                found.append(cls.__name__)
+    return found
+
+
+def next_epoch_indices(loader: DataLoader) -> list[list[int]]:
+    """The dataset indices of each batch the loader's next ``iter()`` would yield,
+    consuming the random state exactly as that ``iter()`` would (torch draws the workers'
+    base seed from ``loader.generator`` as the iterator is created, then the sampler's
+    seed on its first index), so a cached epoch visits the same batches in the same order.
+    """
+    if isinstance(loader.dataset, IterableDataset):
+        raise TypeError("an IterableDataset has no indices")
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    sampler_iter = iter(sampler)
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    if loader.batch_size is None:  # auto-collation off: one index per batch
+        return [[i] for i in sampler_iter]
+    return [list(batch) for batch in sampler_iter]
+
+
+def load_batch(loader: DataLoader, indices: list[int]) -> Any:
+    """One batch fetched in this process, as the loader's workers would collate it."""
+    samples = [loader.dataset[i] for i in indices]
+    return loader.collate_fn(samples) if loader.batch_size is not None else samples[0]

@@ -1,0 +1,280 @@
+"""Where memory goes: the bytes of parameters (trainable / frozen), gradients and optimizer
+state, against what the device says is in use; peaks, per-cell deltas and tracebacks.
+
+On CUDA the totals come from torch's caching allocator; on the CPU from the process's
+resident set (``/proc``), which also holds the interpreter and libraries. Tensor bytes are
+counted by walking the model and optimizer, each tensor once (tied weights once). CUDA is
+queried only once something has initialised it, so nothing here initialises it.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from . import hostmem
+from .modules import unwrap
+from .placement import reference_device
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Tensor bytes on ``device`` by role, and the device's own totals.
+
+    ``in_use``/``peak``: CUDA ``memory_allocated``/``max_memory_allocated``, or the
+    process's resident set and its peak on the CPU (``source`` says which); ``None`` where
+    the platform cannot tell.
+    """
+
+    model_name: str | None
+    device: str
+    source: str  # "cuda allocator", "process RSS" or "" (no totals: meta)
+    params_trainable: int
+    params_frozen: int
+    buffers: int
+    grads: int
+    optimizer_state: int
+    elsewhere: int  # bytes of the same model/optimizer on other devices
+    in_use: int | None
+    reserved: int | None  # CUDA only: held by the caching allocator
+    peak: int | None
+    free: int | None
+    total: int | None
+    traceback_frames: int
+    traceback_bytes: int  # tensors referenced by those frames' locals
+
+    @property
+    def tensors(self) -> int:
+        return (
+            self.params_trainable
+            + self.params_frozen
+            + self.buffers
+            + self.grads
+            + self.optimizer_state
+        )
+
+    @property
+    def rest(self) -> int | None:
+        """What the device holds beyond the counted tensors: activations, the cache and
+        other tensors on CUDA; also interpreter and libraries on the CPU."""
+        return None if self.in_use is None else max(self.in_use - self.tensors, 0)
+
+
+@dataclass(frozen=True)
+class ResetReport:
+    peaks: tuple[str, ...]  # devices whose peak counter was reset
+    frames_dropped: int
+    released_bytes: int  # tensors those frames referenced (freed unless held elsewhere)
+
+
+@dataclass(frozen=True)
+class CellMemory:
+    """One cell's memory: ``in_use`` before and after, and the peak during it."""
+
+    device: str
+    before: int
+    after: int
+    peak: int | None
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield t
+
+
+def state_tensors(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter] | None = None
+) -> Iterator[torch.Tensor]:
+    """Tensors in the optimizer's state (of ``params`` only, when given), each once."""
+    entries = (
+        optimizer.state.values()
+        if params is None
+        else (s for p in params if (s := optimizer.state.get(p)) is not None)
+    )
+    return _unique(v for s in entries for v in s.values() if isinstance(v, torch.Tensor))
+
+
+def state_bytes(
+    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter] | None = None
+) -> int:
+    return sum(_nbytes(t) for t in state_tensors(optimizer, params))
+
+
+def _cuda_used() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _report_device(model: nn.Module | None) -> torch.device:
+    ref = reference_device(model) if model is not None else None
+    if ref is not None:
+        return ref
+    if _cuda_used():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _frames(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def _last_traceback() -> TracebackType | None:
+    return getattr(sys, "last_traceback", None)
+
+
+def traceback_hold() -> tuple[int, int]:
+    """(frames, tensor bytes) the last uncaught exception's traceback keeps alive.
+
+    IPython stores it in ``sys.last_traceback``; the locals of its frames (a batch, the
+    activations of a failed forward) stay referenced until the next error replaces it.
+    """
+    frames = list(_frames(_last_traceback()))
+    held = (
+        v
+        for tb in frames
+        for v in tb.tb_frame.f_locals.values()
+        if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
+    )
+    return len(frames), sum(_nbytes(t) for t in _unique(held))
+
+
+def breakdown(
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    model_name: str | None = None,
+) -> MemoryReport:
+    """Bytes of the model's parameters (trainable / frozen), buffers and gradients and of
+    the optimizer's state on the model's device, with that device's totals."""
+    device = _report_device(model)
+    real = unwrap(model) if model is not None else None
+    params = list(
+        _unique(
+            [
+                *(real.parameters() if real is not None else ()),
+                *(p for g in (optimizer.param_groups if optimizer else ()) for p in g["params"]),
+            ]
+        )
+    )
+    buffers = list(_unique(real.buffers())) if real is not None else []
+    grads = [p.grad for p in params if p.grad is not None]
+    state = list(state_tensors(optimizer)) if optimizer is not None else []
+    elsewhere = sum(_nbytes(t) for t in (*params, *buffers, *grads, *state) if t.device != device)
+
+    def here(tensors: Iterable[torch.Tensor]) -> int:
+        return sum(_nbytes(t) for t in tensors if t.device == device)
+
+    frames, held = traceback_hold()
+    in_use = reserved = peak = free = total = None
+    source = ""
+    if device.type == "cuda" and _cuda_used():
+        source = "cuda allocator"
+        in_use = torch.cuda.memory_allocated(device)
+        reserved = torch.cuda.memory_reserved(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        free, total = torch.cuda.mem_get_info(device)
+    elif device.type == "cpu":
+        source = "process RSS"
+        in_use, peak = hostmem.rss(), hostmem.peak_rss()
+        free, total = hostmem.machine_memory()
+    return MemoryReport(
+        model_name=model_name,
+        device=str(device),
+        source=source,
+        params_trainable=here(p for p in params if p.requires_grad),
+        params_frozen=here(p for p in params if not p.requires_grad),
+        buffers=here(buffers),
+        grads=here(grads),
+        optimizer_state=here(state),
+        elsewhere=elsewhere,
+        in_use=in_use,
+        reserved=reserved,
+        peak=peak,
+        free=free,
+        total=total,
+        traceback_frames=frames,
+        traceback_bytes=held,
+    )
+
+
+def reset_peaks(drop_tracebacks: bool = False) -> ResetReport:
+    """Start the peak counters again (every CUDA device in use, the process's peak RSS);
+    with ``drop_tracebacks``, forget the last traceback so its frames' tensors can go."""
+    peaks: list[str] = []
+    if _cuda_used():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+            peaks.append(f"cuda:{index}")
+    if hostmem.reset_peak_rss():
+        peaks.append("cpu")
+    frames = released = 0
+    if drop_tracebacks:
+        frames, released = traceback_hold()
+        tb = _last_traceback()
+        if tb is not None:
+            traceback.clear_frames(tb)
+        for name in ("last_traceback", "last_value", "last_type", "last_exc"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        gc.collect()
+    return ResetReport(tuple(peaks), frames, released)
+
+
+class CellWatcher:
+    """Memory in use before and after a cell, and the peak during it.
+
+    Hook :meth:`pre` / :meth:`post` to IPython's ``pre_run_cell`` / ``post_run_cell``.
+    The peak needs the device's peak counter, so each cell resets it: while watching,
+    ``%gpumem``'s peak covers the last cell. CUDA is reported once it is in use,
+    the process's resident set before that.
+    """
+
+    def __init__(self) -> None:
+        self._start: tuple[str, int, bool] | None = None
+
+    def pre(self) -> None:
+        if _cuda_used():
+            index = torch.cuda.current_device()
+            torch.cuda.reset_peak_memory_stats(index)
+            self._start = (f"cuda:{index}", torch.cuda.memory_allocated(index), True)
+        else:
+            self._start = ("cpu", hostmem.rss() or 0, hostmem.reset_peak_rss())
+
+    def post(self) -> CellMemory | None:
+        """The cell's figures, or None when :meth:`pre` did not run before it."""
+        if self._start is None:
+            return None
+        device, before, peak_reset = self._start
+        self._start = None
+        if device.startswith("cuda"):
+            index = int(device.partition(":")[2])
+        elif _cuda_used():  # CUDA first used in this cell: it started at 0
+            index, before = torch.cuda.current_device(), 0
+        else:
+            peak = hostmem.peak_rss() if peak_reset else None
+            return CellMemory("cpu", before, hostmem.rss() or 0, peak)
+        return CellMemory(
+            f"cuda:{index}",
+            before,
+            torch.cuda.memory_allocated(index),
+            torch.cuda.max_memory_allocated(index),
+        )

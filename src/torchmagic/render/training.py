@@ -1,0 +1,243 @@
+"""Renderables for training: live %fit progress, fit histories (one run or several side by
+side, with a small chart when matplotlib is installed) and the AMP status."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from ..core.amp import AmpStatus
+from ..core.fit import EpochMetrics, FitHistory, StepInfo
+from .base import Rendered, human
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def _lrs(lrs: Sequence[float]) -> str:
+    return ", ".join(f"{lr:.2g}" for lr in lrs)
+
+
+def _epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
+    table = Table(
+        title=title or None,
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for column in ("epoch", "train loss", "val loss", "val acc", "samples/s", "s", "lr"):
+        table.add_column(column, justify="left" if column == "lr" else "right")
+    for m in epochs:
+        rate = m.samples / m.seconds if m.seconds else 0.0
+        table.add_row(
+            str(m.epoch),
+            _num(m.train_loss),
+            _num(m.val_loss),
+            _pct(m.val_accuracy),
+            human(rate),
+            f"{m.seconds:.1f}",
+            _lrs(m.lrs),
+        )
+    return table
+
+
+def _step_text(info: StepInfo) -> str:
+    batches = f"/{info.batches}" if info.batches else ""
+    return (
+        f"epoch {info.epoch}/{info.epochs} · step {info.step} · batch {info.batch}{batches}"
+        f" · {human(info.samples_per_s)} samples/s · loss {info.loss:.4g} · lr {_lrs(info.lrs)}"
+    )
+
+
+def _step_line(info: StepInfo) -> RenderableType:
+    if not info.batches:
+        return Text(_step_text(info))
+    return Group(
+        ProgressBar(total=info.batches, completed=info.batch, width=40), Text(_step_text(info))
+    )
+
+
+class NotebookProgress:
+    """A %fit observer that redraws one output in place through a display handle."""
+
+    refresh_seconds = 0.5
+
+    def __init__(self, show: Callable[[Rendered], Any], width: int = 100) -> None:
+        self.width = width
+        self.last: StepInfo | None = None
+        self.epochs: list[EpochMetrics] = []
+        self.handle = show(self._rendered())
+
+    def _rendered(self) -> Rendered:
+        parts: list[RenderableType] = []
+        if self.last is not None:
+            parts.append(_step_line(self.last))
+        else:
+            parts.append(Text("starting…", style="dim"))
+        if self.epochs:
+            parts.append(_epoch_table(self.epochs))
+        return Rendered(Group(*parts), self.width)
+
+    def on_step(self, info: StepInfo) -> None:
+        self.last = info
+        self.handle.update(self._rendered())
+
+    def on_epoch(self, metrics: EpochMetrics) -> None:
+        self.epochs.append(metrics)
+        self.handle.update(self._rendered())
+
+
+class TerminalProgress:
+    """A %fit observer for a terminal: one status line rewritten in place, and a line per
+    epoch (a console on stdout, created here, never forced to be a terminal)."""
+
+    refresh_seconds = 0.5
+
+    def __init__(self, width: int = 100) -> None:
+        self.console = Console(width=width, markup=False, highlight=False, emoji=False)
+
+    def on_step(self, info: StepInfo) -> None:
+        if not self.console.is_terminal:
+            return
+        bar = f"[{'#' * int(20 * info.batch / info.batches):<20}] " if info.batches else ""
+        self.console.file.write("\r" + (bar + _step_text(info))[: self.console.width - 1])
+        self.console.file.flush()
+
+    def on_epoch(self, metrics: EpochMetrics) -> None:
+        if self.console.is_terminal:
+            self.console.file.write("\r")
+        self.console.print(
+            f"epoch {metrics.epoch}: train loss {_num(metrics.train_loss)} · val loss "
+            f"{_num(metrics.val_loss)} · val acc {_pct(metrics.val_accuracy)} · "
+            f"{metrics.seconds:.1f} s"
+        )
+
+
+def _chart(histories: Sequence[FitHistory]) -> str:
+    """A small loss / accuracy chart as an inline PNG, or '' without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+    except ImportError:
+        return ""
+    fig = Figure(figsize=(7, 2.4), dpi=80)
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for h in histories:
+        xs = [m.epoch for m in h.epochs]
+        loss_ax.plot(xs, [m.train_loss for m in h.epochs], marker="o", label=f"{h.label} train")
+        if any(m.val_loss is not None for m in h.epochs):
+            loss_ax.plot(
+                xs,
+                [m.val_loss for m in h.epochs],
+                linestyle="--",
+                marker="o",
+                label=f"{h.label} val",
+            )
+        if any(m.val_accuracy is not None for m in h.epochs):
+            acc_ax.plot(xs, [m.val_accuracy for m in h.epochs], marker="o", label=h.label)
+    loss_ax.set_title("loss", fontsize=9)
+    acc_ax.set_title("val accuracy", fontsize=9)
+    for ax in (loss_ax, acc_ax):
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    data = base64.b64encode(buffer.getvalue()).decode()
+    return f'<img alt="fit history chart" src="data:image/png;base64,{data}"/>'
+
+
+class HistoryView(Rendered):
+    """A rendered view that also carries the histories it shows (``.histories``) and adds
+    the chart to its HTML."""
+
+    def __init__(
+        self, renderable: RenderableType, histories: Sequence[FitHistory], width: int = 100
+    ) -> None:
+        super().__init__(renderable, width)
+        self.histories = tuple(histories)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+        bundle = super()._repr_mimebundle_(include, exclude)
+        bundle["text/html"] += _chart(self.histories)
+        return bundle
+
+
+def _ending(h: FitHistory) -> Text:
+    if h.stopped:
+        return Text(f"stopped: {h.stopped}", style="yellow")
+    return Text("completed", style="green")
+
+
+def fit_history(history: FitHistory, width: int = 100) -> HistoryView:
+    title = (
+        f"{history.label} · {history.model_name} · {history.precision}"
+        + (" · cached features" if history.cached_features else "")
+        + f" · {history.steps} steps · {human(history.samples_per_s)} samples/s"
+        + f" · {history.seconds:.1f} s"
+    )
+    return HistoryView(
+        Group(_epoch_table(history.epochs, title), _ending(history)), [history], width
+    )
+
+
+def fits(histories: Sequence[FitHistory], width: int = 100) -> HistoryView:
+    """Every %fit of the session side by side: one column per run."""
+    if not histories:
+        return HistoryView(Text("no %fit runs yet", style="dim"), [], width)
+    table = Table(
+        title="%fit runs", title_justify="left", title_style="bold", show_edge=False, pad_edge=False
+    )
+    table.add_column("")
+    for h in histories:
+        table.add_column(h.label, justify="right")
+    last = [h.epochs[-1] if h.epochs else None for h in histories]
+    rows = [
+        ("model", [h.model_name for h in histories]),
+        ("epochs", [str(len(h.epochs)) for h in histories]),
+        ("steps", [str(h.steps) for h in histories]),
+        ("train loss", [_num(m.train_loss) if m else "" for m in last]),
+        ("val loss", [_num(m.val_loss) if m else "" for m in last]),
+        ("val acc", [_pct(m.val_accuracy) if m else "" for m in last]),
+        ("samples/s", [human(h.samples_per_s) for h in histories]),
+        ("time (s)", [f"{h.seconds:.1f}" for h in histories]),
+        ("precision", [h.precision for h in histories]),
+        ("features", ["cached" if h.cached_features else "computed" for h in histories]),
+        ("ended", ["stopped" if h.stopped else "completed" for h in histories]),
+    ]
+    for label, values in rows:
+        table.add_row(label, *values)
+    return HistoryView(table, histories, width)
+
+
+def amp_status(status: AmpStatus, width: int = 100) -> Rendered:
+    if not status.enabled:
+        head = Text("AMP off", style="bold")
+    else:
+        head = Text(f"AMP on: autocast {status.dtype} on {status.device_type}", style="bold green")
+    parts: list[RenderableType] = [head]
+    if status.scaler:
+        scale = "" if status.scale is None else f", scale {status.scale:g}"
+        parts.append(Text(f"GradScaler bound to the session{scale}"))
+    elif status.enabled:
+        parts.append(Text("no GradScaler (not needed for bf16)"))
+    if status.note:
+        parts.append(Text(status.note, style="dim"))
+    return Rendered(Group(*parts), width)
