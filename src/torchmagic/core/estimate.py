@@ -81,6 +81,7 @@ class Estimate:
     grads: int
     optimizer_state: int | None
     state_rule: str  # how the state was counted, in words
+    idle_state: int  # part of it held by parameters a step skips (frozen, left inside)
     activations: int | None  # saved for backward by one forward at ``input_shape``
     input_shape: tuple[int, ...] | None
     trainable: int  # parameters (elements)
@@ -154,39 +155,49 @@ def _rule_bytes(rule: StateRule, params: Iterable[nn.Parameter]) -> int:
     )
 
 
+@dataclass(frozen=True)
+class _State:
+    bytes: int | None
+    description: str
+    rule: StateRule | None  # for one more parameter (the freeze saving)
+    idle: int = 0  # state of parameters a step skips (frozen ones left in the optimizer)
+
+
 def _state_estimate(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | type | str | None,
     options: Mapping[str, object],
-) -> tuple[int | None, str, StateRule | None]:
-    """(state bytes, description, rule for one more parameter) of a step's optimizer state."""
+) -> _State:
     if optimizer is None:
-        return 0, "no optimizer", None
+        return _State(0, "no optimizer", None)
     cls = _optimizer_class(optimizer)
     rule_of = _rule_for(cls)
     if not isinstance(optimizer, torch.optim.Optimizer):
-        trainable = [p for p in model.parameters() if p.requires_grad]
         if rule_of is None:
-            return None, f"unknown for {cls.__name__}: estimate with a live optimizer", None
+            return _State(None, f"unknown for {cls.__name__}: estimate with a live optimizer", None)
         rule = rule_of(_defaults(cls, options))
-        return _rule_bytes(rule, trainable), _describe(rule), rule
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return _State(_rule_bytes(rule, trainable), _describe(rule), rule)
     groups = [(g, _stateful(optimizer, g)) for g in optimizer.param_groups]
+    counted = {id(p) for _, params in groups for p in params}
+    idle = state_bytes(optimizer, [p for p in optimizer.state if id(p) not in counted])
     if rule_of is not None:
         total = sum(_rule_bytes(rule_of(g), params) for g, params in groups)
-        rules = {_describe(rule_of(g)) for g, _ in groups}
-        return total, "; ".join(sorted(rules)), rule_of(optimizer.defaults)
+        rules = sorted({_describe(rule_of(g)) for g, _ in groups})
+        return _State(total + idle, "; ".join(rules), rule_of(optimizer.defaults), idle)
     # not a known class: scale what the state already holds to the parameters it lacks
     have = [p for _, params in groups for p in params if optimizer.state.get(p)]
     if not have:
-        return (
+        return _State(
             None,
             f"unknown for {cls.__name__} until it has state: run one step, then estimate",
             None,
         )
-    ratio = state_bytes(optimizer, have) / sum(_nbytes(p) for p in have)
+    held = state_bytes(optimizer, have)
+    ratio = held / sum(_nbytes(p) for p in have)
     lacking = [p for _, params in groups for p in params if not optimizer.state.get(p)]
-    total = state_bytes(optimizer, have) + round(ratio * sum(_nbytes(p) for p in lacking))
-    return total, f"measured: {ratio:.2f} bytes of state per parameter byte", None
+    total = held + idle + round(ratio * sum(_nbytes(p) for p in lacking))
+    return _State(total, f"measured: {ratio:.2f} bytes of state per parameter byte", None, idle)
 
 
 def _describe(rule: StateRule) -> str:
@@ -266,21 +277,22 @@ def estimate(
     params = list(real.parameters())
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]
-    state, description, rule = _state_estimate(real, optimizer, options or {})
+    state = _state_estimate(real, optimizer, options or {})
     frozen_bytes = sum(_nbytes(p) for p in frozen)
     saving = None
     if optimizer is None:
         saving = frozen_bytes
-    elif rule is not None:
-        saving = frozen_bytes + _rule_bytes(rule, frozen)
+    elif state.rule is not None:
+        saving = frozen_bytes + _rule_bytes(state.rule, frozen)
     return Estimate(
         model_name=model_name,
         optimizer="" if optimizer is None else _optimizer_class(optimizer).__name__,
         weights=sum(_nbytes(p) for p in params),
         buffers=sum(_nbytes(b) for b in real.buffers()),
         grads=sum(_nbytes(p) for p in trainable),
-        optimizer_state=state,
-        state_rule=description,
+        optimizer_state=state.bytes,
+        state_rule=state.description,
+        idle_state=state.idle,
         activations=None if input_shape is None else saved_activation_bytes(real, input_shape),
         input_shape=None if input_shape is None else tuple(int(n) for n in input_shape),
         trainable=sum(p.numel() for p in trainable),

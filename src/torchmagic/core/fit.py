@@ -202,10 +202,11 @@ class _Trainer:
         with plan.amp.autocast():
             output = _main_output(forward(inputs))
             loss = plan.loss_fn(output, targets)
-        if not bool(torch.isfinite(loss.detach())):
+        value = loss.detach()
+        if not bool(torch.isfinite(value)):
             self.stopped = (
-                f"the loss became {float(loss)} at step {self.steps + 1}; stopped before that "
-                "step's update (weights are from the step before)"
+                f"the loss became {float(value)} at step {self.steps + 1}; stopped before "
+                "that step's update (weights are from the step before)"
             )
             plan.optimizer.zero_grad(set_to_none=True)
             return loss.detach()

@@ -1,0 +1,35 @@
+"""Renderable for ``%tm doctor``: findings by severity, each with its fix."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ..core.doctor import DoctorReport
+from .base import Rendered
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def doctor(report: DoctorReport, width: int = 100) -> Rendered:
+    scanned = "scanned: " + (", ".join(report.scanned) or "nothing (no models or optimizers)")
+    if not report.findings:
+        return Rendered(Group(Text("no problems found", style="bold green"), Text(scanned)), width)
+    counts = {s: sum(f.severity == s for f in report.findings) for s in _STYLE}
+    head = Text("doctor: ", style="bold")
+    head.append(
+        ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items() if n),
+        style="bold",
+    )
+    table = Table(show_edge=False, pad_edge=False, show_lines=True)
+    table.add_column("", justify="left")
+    table.add_column("check", justify="left")
+    table.add_column("where", justify="left", overflow="fold", ratio=1)
+    table.add_column("problem → fix", justify="left", overflow="fold", ratio=2)
+    for f in report.findings:
+        problem = Text(f.message)
+        problem.append("\n→ ")
+        problem.append(f.fix, style="green")
+        table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.check, f.subject, problem)
+    return Rendered(Group(head, table, Text(scanned, style="dim")), width)

@@ -1,0 +1,135 @@
+"""Renderables for ``%gpumem``: the breakdown, the estimate, resets and the per-cell line."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..core.estimate import Estimate
+from ..core.memory import CellMemory, MemoryReport, ResetReport
+from .base import Rendered, human, human_bytes
+
+
+def _table(title: str) -> Table:
+    table = Table(
+        title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False
+    )
+    table.add_column("", justify="left")
+    table.add_column("bytes", justify="right")
+    table.add_column("", justify="left", overflow="fold")
+    return table
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + human_bytes(abs(n))
+
+
+def memory(report: MemoryReport, width: int = 100) -> Rendered:
+    whose = f" of `{report.model_name}`" if report.model_name else ""
+    table = _table(f"memory on {report.device}{whose}")
+    rows = (
+        ("parameters, trainable", report.params_trainable, ""),
+        ("parameters, frozen", report.params_frozen, "no gradient, no optimizer state"),
+        ("buffers", report.buffers, "BatchNorm statistics …"),
+        ("gradients", report.grads, ""),
+        ("optimizer state", report.optimizer_state, ""),
+    )
+    for label, n, note in rows:
+        table.add_row(label, human_bytes(n), Text(note, style="dim"))
+    table.add_row(Text("tensors counted", style="bold"), human_bytes(report.tensors), "")
+    if report.rest is not None:
+        rest = (
+            "activations, allocator cache and other tensors"
+            if report.source == "cuda allocator"
+            else "interpreter, libraries, activations and other tensors"
+        )
+        table.add_row("rest", human_bytes(report.rest), Text(rest, style="dim"))
+    parts: list[RenderableType] = [table]
+    totals = []
+    if report.in_use is not None:
+        label = "allocated" if report.source == "cuda allocator" else "process RSS"
+        totals.append(f"{label} {human_bytes(report.in_use)}")
+    if report.reserved is not None:
+        totals.append(f"reserved {human_bytes(report.reserved)}")
+    if report.peak is not None:
+        totals.append(f"peak {human_bytes(report.peak)}")
+    if report.free is not None and report.total is not None:
+        totals.append(f"free {human_bytes(report.free)} of {human_bytes(report.total)}")
+    if totals:
+        parts.append(Text(" · ".join(totals) + f"  ({report.source})"))
+    if report.elsewhere:
+        parts.append(
+            Text(f"{human_bytes(report.elsewhere)} of these tensors live on other devices")
+        )
+    if report.traceback_frames:
+        parts.append(
+            Text(
+                f"the last traceback holds {report.traceback_frames} frames referencing "
+                f"{human_bytes(report.traceback_bytes)} of tensors: "
+                "%gpumem reset --tracebacks drops them",
+                style="yellow",
+            )
+        )
+    return Rendered(Group(*parts), width)
+
+
+def estimate(est: Estimate, width: int = 100) -> Rendered:
+    opt = f" with {est.optimizer}" if est.optimizer else ""
+    table = _table(f"estimate for one training step of `{est.model_name}`{opt}")
+    table.add_row("weights", human_bytes(est.weights), "")
+    table.add_row("buffers", human_bytes(est.buffers), "")
+    table.add_row(
+        "gradients",
+        human_bytes(est.grads),
+        Text(f"{human(est.trainable)} trainable parameters", style="dim"),
+    )
+    state = "unknown" if est.optimizer_state is None else human_bytes(est.optimizer_state)
+    table.add_row("optimizer state", state, Text(est.state_rule, style="dim"))
+    if est.idle_state:
+        table.add_row(
+            "  of which idle",
+            human_bytes(est.idle_state),
+            Text("held by parameters a step skips (frozen, still in the optimizer)"),
+        )
+    if est.activations is not None:
+        shape = "×".join(map(str, est.input_shape or ()))
+        table.add_row(
+            "activations",
+            human_bytes(est.activations),
+            Text(f"saved for backward, input {shape} (the forward's peak is higher)", style="dim"),
+        )
+    table.add_row(Text("total", style="bold"), Text(human_bytes(est.total), style="bold"), "")
+    parts: list[RenderableType] = [table]
+    if est.frozen and est.freeze_saving is not None:
+        parts.append(
+            Text(
+                f"frozen: {human(est.frozen)} parameters; freezing them saves "
+                f"{human_bytes(est.freeze_saving)} of gradients and optimizer state",
+                style="green",
+            )
+        )
+    return Rendered(Group(*parts), width)
+
+
+def reset(report: ResetReport, width: int = 100) -> Rendered:
+    peaks = ", ".join(report.peaks) if report.peaks else "none (not supported here)"
+    parts: list[RenderableType] = [Text(f"peak counters reset: {peaks}")]
+    if report.frames_dropped:
+        parts.append(
+            Text(
+                f"dropped the last traceback: {report.frames_dropped} frames, "
+                f"{human_bytes(report.released_bytes)} of tensors released"
+            )
+        )
+    return Rendered(Group(*parts), width)
+
+
+def cell_line(cell: CellMemory) -> str:
+    """The one line ``%gpumem watch on`` prints after each cell."""
+    peak = "" if cell.peak is None else f", peak {human_bytes(cell.peak)}"
+    return f"[{cell.device}] {_signed(cell.delta)} (now {human_bytes(cell.after)}{peak})"
+
+
+def cell(cell: CellMemory, width: int = 100) -> Rendered:
+    return Rendered(Text(cell_line(cell), style="dim"), width)

@@ -1,0 +1,112 @@
+"""%amp, %%amp, %fit and %tm fits on a fresh shell."""
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+SETUP = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+centers = torch.randn(3, 8) * 4
+y = torch.randint(0, 3, (120,))
+x = centers[y] + torch.randn(120, 8)
+train = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True)
+val = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=20)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+"""
+
+
+def run(ip, source):
+    result = ip.run_cell(source)
+    result.raise_error()
+    return result.result
+
+
+def test_amp_status_on_off(ip):
+    run(ip, SETUP)
+    with capture_output() as cap:
+        run(ip, "%amp")
+        run(ip, "%amp on")
+        run(ip, "%amp off")
+    texts = [o.data["text/plain"] for o in cap.outputs]
+    assert texts[0].startswith("AMP off")
+    assert "autocast bf16 on cpu" in texts[1] and "no GradScaler" in texts[1]
+    assert all("text/html" in o.data for o in cap.outputs)
+
+
+def test_fp16_on_the_cpu_is_one_usage_error(ip):
+    run(ip, SETUP)
+    with pytest.raises(UsageError, match="use %amp on bf16"):
+        ip.run_line_magic("amp", "on fp16")
+    assert "scaler" not in ip.user_ns
+
+
+def test_fp16_binds_the_scaler_variable(ip, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    run(ip, SETUP)
+    magics = ip.magics_manager.registry["TorchMagics"]
+    magics.session.device = torch.device("cuda")  # the logic, not a real GPU
+    with capture_output():
+        run(ip, "%amp on fp16")
+    assert isinstance(ip.user_ns["scaler"], torch.amp.GradScaler)
+    with capture_output():
+        run(ip, "%amp off")
+    assert "scaler" not in ip.user_ns
+    assert not torch.cuda.is_initialized()
+
+
+def test_cell_amp_runs_the_cell_under_autocast(ip):
+    run(ip, SETUP)
+    run(ip, "%%amp bf16\nout = model(x[:4])")
+    assert ip.user_ns["out"].dtype is torch.bfloat16
+    assert run(ip, "model(x[:4]).dtype") is torch.float32
+
+
+def test_fit_shows_progress_and_returns_history(ip):
+    run(ip, SETUP)
+    with capture_output() as cap:
+        view = run(ip, "%fit train --val val --epochs 3")
+    assert cap.outputs and all("text/html" in o.data for o in cap.outputs)
+    (history,) = view.histories
+    assert history.epochs[-1].val_accuracy > 0.8
+    bundle = view._repr_mimebundle_()
+    assert "val acc" in bundle["text/plain"] and "<table" not in bundle["text/plain"]
+    with capture_output():
+        run(ip, "%fit model train --epochs 1")
+    with capture_output() as cap:
+        run(ip, "%tm fits")
+    text = cap.outputs[0].data["text/plain"]
+    assert "fit 1" in text and "fit 2" in text
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("fit nope", "no variable named 'nope'"),
+        ("fit train --epochs 0", "--epochs"),
+        ("fit a b c", "usage"),
+        ("fit train --loss nope", "unknown loss"),
+    ],
+)
+def test_fit_bad_input(ip, line, fragment):
+    run(ip, SETUP)
+    before = [p.detach().clone() for p in ip.user_ns["model"].parameters()]
+    magic, _, rest = line.partition(" ")
+    with pytest.raises(UsageError, match=fragment):
+        ip.run_line_magic(magic, rest)
+    after = list(ip.user_ns["model"].parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_history_html_has_a_chart_when_matplotlib_is_installed(ip):
+    run(ip, SETUP)
+    with capture_output():
+        view = run(ip, "%fit train --val val --epochs 2")
+    assert (
+        '<img alt="fit history chart" src="data:image/png;base64,'
+        in (view._repr_mimebundle_()["text/html"])
+    )
