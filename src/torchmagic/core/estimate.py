@@ -289,7 +289,9 @@ def estimate(
         optimizer="" if optimizer is None else _optimizer_class(optimizer).__name__,
         weights=sum(_nbytes(p) for p in params),
         buffers=sum(_nbytes(b) for b in real.buffers()),
-        grads=sum(_nbytes(p) for p in trainable),
+        # trainable ones get one; frozen ones keep a stale one until set to None
+        grads=sum(_nbytes(p) for p in trainable)
+        + sum(_nbytes(p.grad) for p in frozen if p.grad is not None),
         optimizer_state=state.bytes,
         state_rule=state.description,
         idle_state=state.idle,

@@ -251,10 +251,10 @@ class _Trainer:
         start = last_refresh = time.perf_counter()
         iterator = self._batches(epoch)
         batch_index = 0
+        plan.model.train()
         while not self.stopped:
             try:
                 forward, inputs, targets, _ = next(iterator)
-                plan.model.train()
                 loss = self._step(forward, inputs, targets)
             except StopIteration:
                 break
@@ -380,16 +380,25 @@ class _CachedHeadTraining:
         self.val_features: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _features(self, inputs: Any) -> tuple[torch.Tensor, Any]:
+        """The backbone in eval mode, the model's mode restored afterwards."""
         plan = self.trainer.plan
+        was_training = plan.model.training
         plan.model.eval()
-        with torch.no_grad(), plan.amp.autocast():
-            return feature_cache.capture_head_input(plan.model, self.head.module, inputs)
+        try:
+            with torch.no_grad(), plan.amp.autocast():
+                return feature_cache.capture_head_input(plan.model, self.head.module, inputs)
+        finally:
+            plan.model.train(was_training)
 
     def head_step_from_inputs(self, inputs: Any, targets: torch.Tensor, indices: list[int]):
         feats, output = self._features(inputs)
         if not self.checked:
+            head = self.head.module
+            was_training = head.training
+            head.eval()
             with torch.no_grad(), self.trainer.plan.amp.autocast():
-                again = _main_output(self.head.module(feats))
+                again = _main_output(head(feats))
+            head.train(was_training)
             if not torch.allclose(again.float(), _main_output(output).float(), atol=1e-5):
                 raise TorchMagicError(
                     "--cache-features: the model does more after its head "
