@@ -110,3 +110,24 @@ def test_history_html_has_a_chart_when_matplotlib_is_installed(ip):
         '<img alt="fit history chart" src="data:image/png;base64,'
         in (view._repr_mimebundle_()["text/html"])
     )
+
+
+def test_notebook_session_offers_autocast_and_step(ip):
+    import torchmagic
+
+    run(ip, SETUP)
+    with capture_output():
+        run(ip, "%amp on bf16")
+    run(ip, """
+import torchmagic
+tm = torchmagic.notebook_session()
+before = model[2].weight.detach().clone()
+with tm.autocast():
+    out = model(x[:8])
+    loss = torch.nn.functional.cross_entropy(out, y[:8])
+stepped = tm.step(loss, optimizer)
+""")
+    ns = ip.user_ns
+    assert ns["out"].dtype is torch.bfloat16 and ns["stepped"]
+    assert not torch.equal(ns["before"], ns["model"][2].weight)
+    assert ns["tm"] is torchmagic.notebook_session()

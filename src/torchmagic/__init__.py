@@ -31,8 +31,22 @@ __all__ = [
     "TorchMagicError",
     "__version__",
     "load_ipython_extension",
+    "notebook_session",
     "unload_ipython_extension",
 ]
+
+
+def notebook_session() -> Session:
+    """The Session the magics drive in this kernel, for your own loop:
+    ``tm = torchmagic.notebook_session()``, ``with tm.autocast(): ...``, ``tm.step(loss, opt)``.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("TorchMagics") if shell is not None else None
+    if magics is None:
+        raise RuntimeError("torchmagic is not loaded here: run %load_ext torchmagic first")
+    return magics.session
 
 
 def load_ipython_extension(ipython) -> None:
