@@ -30,6 +30,28 @@ TM_ACTIONS = ("history", "undo", "use", "fits", "help")
 _INT = re.compile(r"^[+-]?\d+$")
 
 
+def _except(help_text: str) -> argument:
+    return argument(
+        "--except",
+        dest="exclude",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="T",
+        help=help_text,
+    )
+
+
+# Options shared by the mutating magics (one decorator object serves each of them).
+OPT = argument(
+    "--opt",
+    default=None,
+    metavar="NAME",
+    help="the optimizer variable (default: the one holding the model's parameters)",
+)
+DRY_RUN = argument("--dry-run", action="store_true", help="show what would change, change nothing")
+
+
 @contextmanager
 def usage_errors() -> Iterator[None]:
     """Turn the engine's refusals into exactly ``UsageError`` (IPython hides its traceback)."""
@@ -92,23 +114,15 @@ class TorchMagics(Magics):
 
     @magic_arguments()
     @argument("targets", nargs="*", help="modules: model.layer1-3, layer4, features.0-6, '*.bn*'")
-    @argument(
-        "--except",
-        dest="exclude",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="T",
-        help="keep these trainable",
-    )
+    @_except("keep these trainable")
     @argument(
         "--bn",
         choices=POLICIES,
         default=None,
         help="BatchNorm policy for the frozen blocks (default: TorchMagics.bn_policy)",
     )
-    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
-    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @OPT
+    @DRY_RUN
     @line_magic
     def freeze(self, line: str) -> None:
         """Freeze modules: requires_grad off, out of the optimizer, BatchNorm held."""
@@ -134,17 +148,9 @@ class TorchMagics(Magics):
         nargs="*",
         help="modules, then optional lr=X | lr=A:B (geometric spread) and wd=X",
     )
-    @argument(
-        "--except",
-        dest="exclude",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="T",
-        help="leave these frozen",
-    )
-    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
-    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @_except("leave these frozen")
+    @OPT
+    @DRY_RUN
     @line_magic
     def unfreeze(self, line: str) -> None:
         """Unfreeze modules into their own param groups at the given (or default) lr."""
@@ -179,8 +185,8 @@ class TorchMagics(Magics):
         metavar="P",
         help="put Dropout(P) in front of the new layer",
     )
-    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable to edit")
-    @argument("--dry-run", action="store_true", help="show what would change, change nothing")
+    @OPT
+    @DRY_RUN
     @line_magic
     def replace_head(self, line: str) -> None:
         """Swap the classification head for a fresh layer with N outputs."""
@@ -325,7 +331,7 @@ class TorchMagics(Magics):
         action="store_true",
         help="linear probing: run the frozen backbone once, train the head on its features",
     )
-    @argument("--opt", default=None, metavar="NAME", help="the optimizer variable")
+    @OPT
     @line_magic
     def fit(self, line: str):
         """Train with the model's optimizer, schedulers and AMP policy, with live progress."""

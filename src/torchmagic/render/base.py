@@ -5,8 +5,10 @@ terminal), and number formatting."""
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
 from rich.console import Console, RenderableType
+from rich.table import Table
 
 _HTML = (
     '<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
@@ -60,3 +62,18 @@ def human_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def table(title: str | None, columns: Sequence[tuple[str, str]] = (), **options) -> Table:
+    """The house table: bold left title, no outer edge; ``columns`` as (name, justify)."""
+    drawn = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+        **options,
+    )
+    for name, justify in columns:
+        drawn.add_column(name, justify=justify, overflow="fold")
+    return drawn

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
-from .base import Rendered, human, human_bytes
+from .base import Rendered, human, human_bytes, table
 
 _STATE_STYLE = {"trainable": "green", "frozen": "cyan", "partial": "yellow"}
 _STATUS_STYLE = {"new": "bold green", "changed": "yellow"}
@@ -23,27 +23,22 @@ def _names(modules: Sequence[str], shown: int = 6) -> str:
 
 
 def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Table:
-    table = Table(
-        title=f"optimizer `{optimizer_name}` param groups",
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
+    drawn = table(
+        f"optimizer `{optimizer_name}` param groups",
+        [
+            ("#", "right"),
+            ("group", "left"),
+            ("lr", "right"),
+            ("wd", "right"),
+            ("tensors", "right"),
+            ("params", "right"),
+            ("", "left"),
+        ],
     )
-    for column, justify in (
-        ("#", "right"),
-        ("group", "left"),
-        ("lr", "right"),
-        ("wd", "right"),
-        ("tensors", "right"),
-        ("params", "right"),
-        ("", "left"),
-    ):
-        table.add_column(column, justify=justify)
     for g in groups:
         wd = "" if g.weight_decay is None else f"{g.weight_decay:g}"
         params = human(g.numel) if g.tensors else "(empty)"
-        table.add_row(
+        drawn.add_row(
             str(g.index),
             g.name,
             f"{g.lr:.3g}",
@@ -52,7 +47,7 @@ def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Ta
             params,
             Text(g.status, style=_STATUS_STYLE.get(g.status, "")),
         )
-    return table
+    return drawn
 
 
 def _bn_text(modes: Mapping[str, int]) -> Text | None:
@@ -109,26 +104,21 @@ def change(change: Change, width: int = 100) -> Rendered:
 
 
 def summary(report: SummaryReport, width: int = 100) -> Rendered:
-    table = Table(
-        title=f"{report.model_name} ({report.model_kind})",
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
+    drawn = table(
+        f"{report.model_name} ({report.model_kind})",
+        [
+            ("module", "left"),
+            ("type", "left"),
+            ("params", "right"),
+            ("state", "left"),
+            ("BatchNorm", "left"),
+            ("group", "left"),
+            ("lr", "right"),
+        ],
     )
-    for column, justify in (
-        ("module", "left"),
-        ("type", "left"),
-        ("params", "right"),
-        ("state", "left"),
-        ("BatchNorm", "left"),
-        ("group", "left"),
-        ("lr", "right"),
-    ):
-        table.add_column(column, justify=justify, overflow="fold")
     for row in report.rows:
         label = ("  " * row.depth) + (row.name.rsplit(".", 1)[-1] if row.depth else row.name)
-        table.add_row(
+        drawn.add_row(
             label,
             row.kind,
             human(row.params) if row.params else "",
@@ -138,7 +128,7 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
             row.lr,
         )
     c = report.counts
-    parts: list[RenderableType] = [table]
+    parts: list[RenderableType] = [drawn]
     if report.hidden_rows:
         parts.append(
             Text(f"… {report.hidden_rows} more rows not shown (use --depth to choose)", style="dim")
@@ -158,41 +148,33 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
 def history(entries: Sequence[HistoryEntry], width: int = 100) -> Rendered:
     if not entries:
         return Rendered(Text("no commands yet", style="dim"), width)
-    table = Table(
-        title="torchmagic history",
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
+    drawn = table(
+        "torchmagic history",
+        [("#", "right"), ("command", "left"), ("model", "left"), ("modules", "left"), ("", "left")],
     )
-    for column in ("#", "command", "model", "modules", ""):
-        table.add_column(column)
     for e in entries:
-        table.add_row(
+        drawn.add_row(
             str(e.index),
             e.command,
             e.model_name,
             _names(e.modules),
             "" if e.live else Text("stale: model rebound", style="dim"),
         )
-    return Rendered(table, width)
+    return Rendered(drawn, width)
 
 
 def manifest_help(manifest: Mapping, width: int = 100) -> Rendered:
-    table = Table(
-        title=f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
-        title_justify="left",
-        title_style="bold",
+    drawn = table(
+        f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
+        [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
         show_lines=True,
     )
-    for column in ("magic", "usage", "what it does", "example"):
-        table.add_column(column, overflow="fold")
     for magic in manifest["magics"]:
         prefix = "%%" if magic["kind"] == "cell" else "%"
-        table.add_row(
+        drawn.add_row(
             f"{prefix}{magic['name']}", magic["usage"], magic["summary"], magic["example"]
         )
-    return Rendered(table, width)
+    return Rendered(drawn, width)
 
 
 def message(text: str, width: int = 100) -> Rendered:

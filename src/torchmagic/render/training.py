@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..core.amp import AmpStatus
 from ..core.fit import EpochMetrics, FitHistory, StepInfo
-from .base import Rendered, human
+from .base import Rendered, human, table
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -31,18 +31,11 @@ def _lrs(lrs: Sequence[float]) -> str:
 
 
 def _epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
-    table = Table(
-        title=title or None,
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
-    )
-    for column in ("epoch", "train loss", "val loss", "val acc", "samples/s", "s", "lr"):
-        table.add_column(column, justify="left" if column == "lr" else "right")
+    columns = ("epoch", "train loss", "val loss", "val acc", "samples/s", "s", "lr")
+    drawn = table(title or None, [(c, "left" if c == "lr" else "right") for c in columns])
     for m in epochs:
         rate = m.samples / m.seconds if m.seconds else 0.0
-        table.add_row(
+        drawn.add_row(
             str(m.epoch),
             _num(m.train_loss),
             _num(m.val_loss),
@@ -51,7 +44,7 @@ def _epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
             f"{m.seconds:.1f}",
             _lrs(m.lrs),
         )
-    return table
+    return drawn
 
 
 def _step_text(info: StepInfo) -> str:
@@ -202,12 +195,7 @@ def fits(histories: Sequence[FitHistory], width: int = 100) -> HistoryView:
     """Every %fit of the session side by side: one column per run."""
     if not histories:
         return HistoryView(Text("no %fit runs yet", style="dim"), [], width)
-    table = Table(
-        title="%fit runs", title_justify="left", title_style="bold", show_edge=False, pad_edge=False
-    )
-    table.add_column("")
-    for h in histories:
-        table.add_column(h.label, justify="right")
+    drawn = table("%fit runs", [("", "left")] + [(h.label, "right") for h in histories])
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
         ("model", [h.model_name for h in histories]),
@@ -223,8 +211,8 @@ def fits(histories: Sequence[FitHistory], width: int = 100) -> HistoryView:
         ("ended", ["stopped" if h.stopped else "completed" for h in histories]),
     ]
     for label, values in rows:
-        table.add_row(label, *values)
-    return HistoryView(table, histories, width)
+        drawn.add_row(label, *values)
+    return HistoryView(drawn, histories, width)
 
 
 def amp_status(status: AmpStatus, width: int = 100) -> Rendered:
