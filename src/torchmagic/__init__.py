@@ -66,6 +66,9 @@ def unload_ipython_extension(ipython) -> None:
         return isinstance(getattr(obj, "__self__", obj), TorchMagics)
 
     manager = ipython.magics_manager
+    instance = manager.registry.get("TorchMagics")
+    if instance is not None:
+        instance.close()
     for table in manager.magics.values():
         for name in [n for n, f in table.items() if ours(f)]:
             del table[name]

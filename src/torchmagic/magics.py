@@ -19,14 +19,30 @@ from IPython.utils.process import arg_split
 from traitlets import Enum, Float, Integer, Unicode, observe
 
 from . import render
-from .core import Session, SessionConfig, TorchMagicError
+from .core import (
+    Session,
+    SessionConfig,
+    TorchMagicError,
+    doctor,
+    estimate,
+    memory,
+    pinbench,
+    placement,
+)
+from .core import device as devices
 from .core.amp import MODES, cell_autocast
 from .core.batchnorm import POLICIES
+from .core.compiled import CompileWatch
 from .core.grammar import split_options
 from .manifest import load_manifest
+from .render import device as device_render
+from .render import doctor as doctor_render
+from .render import memory as memory_render
 
 KEY_OPTIONS = {"freeze": (), "unfreeze": ("lr", "wd"), "replace_head": (), "summary": ()}
-TM_ACTIONS = ("history", "undo", "use", "fits", "help")
+TM_ACTIONS = ("history", "undo", "use", "fits", "doctor", "help")
+DEVICE_ACTIONS = ("move", "check", "pinbench")
+GPUMEM_ACTIONS = ("reset", "watch", "estimate")
 _INT = re.compile(r"^[+-]?\d+$")
 
 
@@ -90,6 +106,18 @@ class TorchMagics(Magics):
         self.session = Session(
             namespace=shell.user_ns, hidden=shell.user_ns_hidden, config=self._session_config()
         )
+        self.compile_watch = CompileWatch()
+        self.cell_watcher: memory.CellWatcher | None = None
+        shell.events.register("post_run_cell", self._observe_compiled)
+
+    def close(self) -> None:
+        """Unhook from the shell's events (``%unload_ext``)."""
+        self._watch(False)
+        self.shell.events.unregister("post_run_cell", self._observe_compiled)
+
+    def _observe_compiled(self, result=None) -> None:
+        """Remember compiled models as first seen, so doctor can tell later edits."""
+        self.compile_watch.observe(self.shell.user_ns, self.shell.user_ns_hidden)
 
     def _session_config(self) -> SessionConfig:
         return SessionConfig(
@@ -235,11 +263,11 @@ class TorchMagics(Magics):
         self._show(render.summary(report, self.width))
 
     @magic_arguments()
-    @argument("action", choices=TM_ACTIONS, help="history | undo | use NAME | fits | help")
+    @argument("action", choices=TM_ACTIONS, help="history | undo | use NAME | fits | doctor | help")
     @argument("name", nargs="?", default=None, help="the model variable, for `use`")
     @line_magic
     def tm(self, line: str) -> None:
-        """Session commands: history, undo, use NAME, fits, help."""
+        """Session commands: history, undo, use NAME, fits, doctor, help."""
         args = _parse(self.tm, line)
         self._sync_namespace()
         with usage_errors():
@@ -249,6 +277,17 @@ class TorchMagics(Magics):
                 shown = render.history(self.session.history(), self.width)
             elif args.action == "undo":
                 shown = render.change(self.session.undo(), self.width)
+            elif args.action == "doctor":
+                shown = doctor_render.doctor(
+                    doctor.diagnose(
+                        self.shell.user_ns,
+                        hidden=self.shell.user_ns_hidden,
+                        amp=self.session.amp,
+                        compile_watch=self.compile_watch,
+                        device=self.session.device,
+                    ),
+                    self.width,
+                )
             elif args.action == "fits":
                 shown = render.fits(self.session.fits, self.width)
             elif args.action == "use":
@@ -359,3 +398,156 @@ class TorchMagics(Magics):
                 observer=observer,
             )
         return render.fit_history(history, self.width)
+
+    # -- device and memory -----------------------------------------------------------
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench LOADER",
+        help="nothing: list devices; a device: set the session's device; move, check or pinbench",
+    )
+    @line_magic
+    def device(self, line: str) -> None:
+        """Devices: list them, pick the session's, move a model with its optimizer state,
+        find misplaced tensors, time host-to-device copies."""
+        words = _parse(self.device, line).words
+        self._sync_namespace()
+        session = self.session
+        with usage_errors():
+            action, rest = (words[0], words[1:]) if words else (None, [])
+            if action in DEVICE_ACTIONS and len(rest) > 1 or action not in DEVICE_ACTIONS and rest:
+                raise TorchMagicError(
+                    "usage: %device [cuda:N|cpu|mps|auto] | move [MODEL] | check [MODEL] | "
+                    "pinbench LOADER"
+                )
+            if action is None:
+                shown = device_render.devices(devices.list_devices(session.device), self.width)
+            elif action == "move":
+                bound = session.bound(rest[0] if rest else None)
+                target = session.device or devices.resolve_device("auto")
+                report = devices.move(
+                    bound.model,
+                    target,
+                    bound.optimizer,
+                    session.amp.scaler,
+                    model_name=bound.model_name,
+                )
+                session.device = target
+                shown = device_render.moved(report, self.width)
+            elif action == "check":
+                bound = session.bound(rest[0] if rest else None)
+                report = placement.check(
+                    bound.model,
+                    bound.optimizer,
+                    session.amp.scaler,
+                    model_name=bound.model_name,
+                    optimizer_name=bound.optimizer_name or "optimizer",
+                )
+                shown = device_render.misplaced(report, self.width)
+            elif action == "pinbench":
+                if not rest:
+                    raise TorchMagicError("usage: %device pinbench LOADER")
+                if rest[0] not in self.shell.user_ns:
+                    raise TorchMagicError(f"no variable named '{rest[0]}'")
+                report = pinbench.pinbench(self.shell.user_ns[rest[0]], session.device)
+                shown = device_render.pin_report(report, self.width)
+            else:
+                session.device = devices.resolve_device(action)
+                shown = device_render.devices(devices.list_devices(session.device), self.width)
+        self._show(shown)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="reset | watch on|off | estimate [MODEL]",
+        help="nothing: the memory breakdown; reset, watch on|off or estimate [MODEL]",
+    )
+    @argument(
+        "--tracebacks",
+        action="store_true",
+        help="with reset: drop the last traceback, which can pin tensors",
+    )
+    @argument(
+        "--input-shape",
+        default=None,
+        metavar="N,C,H,W",
+        help="with estimate: also measure activations of one forward pass",
+    )
+    @argument(
+        "--optimizer",
+        default=None,
+        metavar="CLASS",
+        help="with estimate: an optimizer class to estimate for, e.g. AdamW",
+    )
+    @line_magic
+    def gpumem(self, line: str) -> None:
+        """Memory: allocator figures and a breakdown by parameters, gradients, optimizer
+        state and the rest; peak reset; per-cell watch; training-step estimate."""
+        args = _parse(self.gpumem, line)
+        words = args.words
+        self._sync_namespace()
+        with usage_errors():
+            action, rest = (words[0], words[1:]) if words else (None, [])
+            if action is not None and action not in GPUMEM_ACTIONS:
+                raise TorchMagicError(
+                    "usage: %gpumem [reset [--tracebacks] | watch on|off | "
+                    "estimate [MODEL] [--input-shape N,C,H,W]]"
+                )
+            if action is None:
+                try:
+                    bound = self.session.bound()
+                except TorchMagicError:  # no model (yet): the device figures alone
+                    report = memory.breakdown(None)
+                else:
+                    report = memory.breakdown(
+                        bound.model, bound.optimizer, model_name=bound.model_name
+                    )
+                shown = memory_render.memory(report, self.width)
+            elif action == "reset":
+                shown = memory_render.reset(memory.reset_peaks(args.tracebacks), self.width)
+            elif action == "watch":
+                if rest not in (["on"], ["off"]):
+                    raise TorchMagicError("usage: %gpumem watch on|off")
+                self._watch(rest == ["on"])
+                shown = render.message(f"memory watch {rest[0]}", self.width)
+            else:
+                bound = self.session.bound(rest[0] if rest else None)
+                shape = _shape(args.input_shape) if args.input_shape else None
+                report = estimate.estimate(
+                    bound.model,
+                    args.optimizer or bound.optimizer,
+                    shape,
+                    model_name=bound.model_name,
+                )
+                shown = memory_render.estimate(report, self.width)
+        self._show(shown)
+
+    def _watch(self, on: bool) -> None:
+        events = self.shell.events
+        if on and self.cell_watcher is None:
+            self.cell_watcher = memory.CellWatcher()
+            events.register("pre_run_cell", self._watch_pre)
+            events.register("post_run_cell", self._watch_post)
+        elif not on and self.cell_watcher is not None:
+            events.unregister("pre_run_cell", self._watch_pre)
+            events.unregister("post_run_cell", self._watch_post)
+            self.cell_watcher = None
+
+    def _watch_pre(self, info=None) -> None:
+        self.cell_watcher.pre()
+
+    def _watch_post(self, result=None) -> None:
+        cell = self.cell_watcher.post()
+        if cell is not None:
+            print(memory_render.cell_line(cell))
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``1,3,224,224`` → (1, 3, 224, 224); digits and commas only, never evaluated."""
+    parts = text.replace("x", ",").split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise TorchMagicError(f"--input-shape {text}: expected positive integers like 1,3,224,224")
+    return tuple(int(p) for p in parts)

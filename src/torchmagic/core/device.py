@@ -17,7 +17,7 @@ from torch import nn
 from . import hostmem
 from .errors import TorchMagicError
 from .modules import unwrap
-from .placement import Misplaced, check, step_stays_on_host
+from .placement import Misplaced, check, nbytes, step_stays_on_host
 
 _CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
@@ -71,6 +71,13 @@ def _cuda_index(index: int | None) -> int:
     if index is not None:
         return index
     return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` → ``cuda:N`` (tensors always report an index, so compare against one)."""
+    if device.index is None and device.type in ("cuda", "mps"):
+        return torch.device(device.type, _cuda_index(None) if device.type == "cuda" else 0)
+    return device
 
 
 def resolve_device(spec: str | torch.device) -> torch.device:
@@ -178,10 +185,6 @@ def list_devices(current: str | torch.device | None = None) -> DeviceReport:
     return DeviceReport(tuple(devices), str(now), tuple(notes))
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _model_bytes_to_move(model: nn.Module, device: torch.device) -> tuple[int, int, int]:
     """(parameter + buffer bytes, gradient bytes, tensor count) not yet on ``device``."""
     weights = grads = tensors = 0
@@ -192,11 +195,11 @@ def _model_bytes_to_move(model: nn.Module, device: torch.device) -> tuple[int, i
                     "the model has tensors on the meta device (shapes without data): "
                     f"use model.to_empty(device='{device}') and load a state_dict instead"
                 )
-            weights += _nbytes(t)
+            weights += nbytes(t)
             tensors += 1
         grad = t.grad
         if grad is not None and grad.device != device:
-            grads += _nbytes(grad)
+            grads += nbytes(grad)
             tensors += 1
     return weights, grads, tensors
 
@@ -205,7 +208,7 @@ def _state_bytes_to_move(optimizer: torch.optim.Optimizer | None, device: torch.
     if optimizer is None:
         return 0
     return sum(
-        _nbytes(value)
+        nbytes(value)
         for group in optimizer.param_groups
         for p in group["params"]
         for key, value in optimizer.state.get(p, {}).items()
@@ -225,7 +228,7 @@ def _check_room(device: torch.device, needed: int) -> None:
     if needed > free + cached:
         raise TorchMagicError(
             f"{device} has {(free + cached) / 2**20:.0f} MiB free, the move needs "
-            f"{needed / 2**20:.0f} MiB; free memory first (%gpumem) or freeze/smaller batch"
+            f"{needed / 2**20:.0f} MiB; free memory on it first (%gpumem shows where it went)"
         )
 
 
@@ -265,7 +268,7 @@ def _move_optimizer(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
                     and not step_stays_on_host(group, key)
                 ):
                     state[key] = value.to(p.device)
-                    moved += _nbytes(value)
+                    moved += nbytes(value)
                     tensors += 1
     return moved, tensors
 
@@ -278,7 +281,7 @@ def _move_scaler(scaler: torch.amp.GradScaler, device: torch.device) -> tuple[in
         value = getattr(scaler, attr)
         if value is not None and value.device != device:
             setattr(scaler, attr, value.to(device))
-            moved += _nbytes(value)
+            moved += nbytes(value)
             tensors += 1
     scaler._device = device.type
     return moved, tensors
@@ -299,7 +302,7 @@ def move(
     group is capturable or fused, as torch keeps it). Tensors ``.to()`` cannot reach are
     reported in ``left_behind``.
     """
-    target = device if isinstance(device, torch.device) else resolve_device(device)
+    target = resolve_device(device) if isinstance(device, str) else _indexed(device)
     real = unwrap(model)
     weights, grads, tensors = _model_bytes_to_move(real, target)
     _check_room(target, weights + grads + _state_bytes_to_move(optimizer, target))

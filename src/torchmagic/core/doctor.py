@@ -7,7 +7,6 @@ is changed. A healthy session reports nothing.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,10 +17,12 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import schedulers as scheduler_sync
 from .batchnorm import is_held
+from .compiled import CompileWatch, is_compiled
 from .memory import state_bytes
-from .modules import unwrap
+from .modules import parameter_names, unwrap
 from .namespace import Workspace
 from .placement import check as check_placement
+from .placement import reference_device
 
 SEVERITIES = ("error", "warning", "info")
 # How many items of a list / dict in the namespace are searched for graph-holding tensors
@@ -44,6 +45,7 @@ class Finding:
     subject: str
     message: str
     fix: str
+    nbytes: int = 0  # memory the problem holds, when known
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,15 @@ def _unoptimized(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
 
 
 def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = parameter_names(model)
     for opt_name, opt in opts:
-        inside = [p for g in opt.param_groups for p in g["params"] if not p.requires_grad]
-        graded = [names.get(id(p), "?") for p in inside if p.grad is not None]
+        inside = [
+            p
+            for g in opt.param_groups
+            for p in g["params"]
+            if id(p) in names and not p.requires_grad
+        ]
+        graded = [names[id(p)] for p in inside if p.grad is not None]
         if graded:
             yield Finding(
                 "frozen-in-optimizer",
@@ -108,11 +115,11 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
             yield Finding(
                 "frozen-in-optimizer",
                 "warning",
-                f"{name}: {_names([names.get(id(p), '?') for p in stateful])}",
-                f"{len(stateful)} frozen tensor(s) still in {opt_name} hold "
-                f"{state_bytes(opt, stateful)} bytes of optimizer state",
-                f"%freeze {_blocks(name, [names.get(id(p), '?') for p in stateful])} "
+                f"{name}: {_names([names[id(p)] for p in stateful])}",
+                f"{len(stateful)} frozen tensor(s) still in {opt_name} hold optimizer state",
+                f"%freeze {_blocks(name, [names[id(p)] for p in stateful])} "
                 "(frees the state; %tm undo brings it back)",
+                state_bytes(opt, stateful),
             )
 
 
@@ -173,6 +180,19 @@ def _devices(name: str, model: nn.Module, opts: list, scalers: list) -> Iterator
             f"{name}: {_names([m.name for m in items])}",
             f"{len(items)} {kind} tensor(s) on {device}, the model is on {reference}",
             items[0].fix,
+            sum(m.nbytes for m in items),
+        )
+
+
+def _off_session_device(name: str, model: nn.Module, device: torch.device) -> Iterator[Finding]:
+    where = reference_device(model)
+    if where is not None and where != device:
+        yield Finding(
+            "device",
+            "warning",
+            name,
+            f"{name} is on {where} but the session device is {device}",
+            f"%device move {name} (model, optimizer state and GradScaler together)",
         )
 
 
@@ -184,6 +204,7 @@ def _half_params(model: nn.Module) -> bool:
 
 
 def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -> Iterator[Finding]:
+    """``models``: those an optimizer trains (a frozen fp16 teacher is fine)."""
     if amp is not None and amp.enabled and amp.dtype == torch.float16:
         if amp.device_type == "cpu":
             yield Finding(
@@ -204,7 +225,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
             "drop the scaler (or %amp on bf16, which uses none)",
         )
     for name, model in models.items():
-        if _half_params(unwrap(model)):
+        if _half_params(model):
             yield Finding(
                 "amp",
                 "error",
@@ -225,30 +246,19 @@ def _schedulers(ws: Workspace, optimizers: list) -> Iterator[Finding]:
         for s in ws.schedulers(opt):
             bound.add(id(s))
             kind = type(s).__name__
-            wrong = [
-                f"{attr} has {len(values)}"
-                for attr, values in scheduler_sync._lists(s).items()
-                if attr != scheduler_sync._LAST_LR and len(values) != n
-            ]
-            keys = {k for g in opt.param_groups for k in g if k in scheduler_sync._SCALED_KEYS}
-            lacking = [
-                f"group {i} lacks '{k}'"
-                for i, g in enumerate(opt.param_groups)
-                for k in sorted(keys)
-                if k not in g
-            ]
-            if wrong or lacking:
+            wrong = scheduler_sync.mismatches(s, opt)
+            if wrong:
                 yield Finding(
                     "scheduler",
                     "error",
                     f"{kind} on {opt_name}",
-                    f"{'; '.join(wrong + lacking)} for {n} param groups: the next "
+                    f"{'; '.join(wrong)} for {n} param groups: the next "
                     "scheduler.step() fails or schedules the wrong groups",
                     f"recreate the scheduler over {opt_name}; %unfreeze/%replace_head keep "
                     "it in step from then on",
                 )
     everything = scheduler_sync.flatten(
-        v for _, value in ws._items() for v in _members(value) if scheduler_sync.is_scheduler(v)
+        v for _, value in ws.items() for v in _members(value) if scheduler_sync.is_scheduler(v)
     )
     for s in everything:
         if id(s) not in bound:
@@ -285,7 +295,7 @@ def _graph_tensors(value: object, depth: int = 2) -> int:
 
 
 def _leaks(ws: Workspace) -> Iterator[Finding]:
-    for name, value in ws._items():
+    for name, value in ws.items():
         if not isinstance(value, (list, tuple, dict)):
             continue
         found = _graph_tensors(value)
@@ -296,74 +306,16 @@ def _leaks(ws: Workspace) -> Iterator[Finding]:
                 name,
                 f"{name} keeps {found} tensor(s) with a grad_fn: each keeps its whole autograd "
                 "graph (activations) alive, so memory grows every step",
-                f"store loss.item() or loss.detach(); now: {name} = [t.detach() for t in {name}]"
-                if not isinstance(value, dict)
-                else f"store .item() / .detach() values in {name}",
+                f"store loss.item() (or loss.detach()) in {name}, and rebuild it from "
+                "such values to free what it holds now",
             )
 
 
 # -- 8: wrappers ---------------------------------------------------------------------
 
 
-def is_compiled(module: nn.Module) -> bool:
-    """``torch.compile(model)`` (an OptimizedModule) or ``model.compile()`` (in place)."""
-    return isinstance(getattr(module, "_orig_mod", None), nn.Module) or (
-        getattr(module, "_compiled_call_impl", None) is not None
-    )
-
-
-def _fingerprint(module: nn.Module) -> tuple[dict[str, int], dict[str, bool]]:
-    real = unwrap(module)
-    structure = {n: id(m) for n, m in real.named_modules()}
-    flags = {n: p.requires_grad for n, p in real.named_parameters()}
-    return structure, flags
-
-
-class CompileWatch:
-    """Remembers what each compiled model looked like when first seen, to tell when it
-    was changed since.
-
-    Limits: torch does not expose what a compiled graph was traced from, so "first seen"
-    is the baseline: call :meth:`observe` after every cell (or before any surgery), or a
-    change made before the first observation goes unnoticed. Structure (which module object
-    sits at each name) and ``requires_grad`` flags are compared; weights, buffers and
-    train/eval mode are not (they change on every step or by design). A change does not
-    give wrong results: dynamo's guards fail and it recompiles, and past
-    ``torch._dynamo.config.recompile_limit`` recompiles it silently runs eagerly.
-    """
-
-    def __init__(self) -> None:
-        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def observe(self, namespace: Mapping, hidden: Container[str] = ()) -> None:
-        for _, value in Workspace(namespace, hidden)._items():
-            if isinstance(value, nn.Module) and is_compiled(value) and value not in self._seen:
-                self._seen[value] = _fingerprint(value)
-
-    def changes(self, module: nn.Module) -> list[str]:
-        """What changed since ``module`` was first observed; empty when unknown."""
-        if module not in self._seen:
-            return []
-        structure, flags = self._seen[module]
-        now_structure, now_flags = _fingerprint(module)
-        changed = []
-        replaced = [n for n in now_structure if n in structure and structure[n] != now_structure[n]]
-        added = [n for n in now_structure if n not in structure]
-        removed = [n for n in structure if n not in now_structure]
-        flipped = [n for n in now_flags if n in flags and flags[n] != now_flags[n]]
-        for what, names in (
-            ("replaced", replaced),
-            ("added", added),
-            ("removed", removed),
-            ("requires_grad changed on", flipped),
-        ):
-            if names:
-                changed.append(f"{what} {_names(names)}")
-        return changed
-
-
 def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
-    for name, value in ws._items():
+    for name, value in ws.items():
         if not isinstance(value, nn.Module):
             continue
         if isinstance(value, nn.DataParallel):
@@ -376,15 +328,16 @@ def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
                 "DistributedDataParallel, launched with torchrun (one process per GPU)",
             )
         if watch is not None and is_compiled(value):
-            changes = watch.changes(value)
+            changes = "; ".join(f"{what} {_names(names)}" for what, names in watch.changes(value))
             if changes:
                 yield Finding(
                     "compiled-changed",
                     "warning",
                     name,
-                    f"{name} changed after torch.compile ({'; '.join(changes)}): every change "
+                    f"{name} changed after torch.compile ({changes}): every change "
                     "recompiles, and past the recompile limit it runs eagerly",
-                    f"compile again after the surgery: {name} = torch.compile(model)",
+                    f"call torch.compile again after the surgery and rebind {name} (or compile "
+                    "once, after the last change)",
                 )
 
 
@@ -398,20 +351,21 @@ def diagnose(
     amp: AmpState | None = None,
     scaler: torch.amp.GradScaler | None = None,
     compile_watch: CompileWatch | None = None,
+    device: torch.device | None = None,
 ) -> DoctorReport:
-    """Run every check over the namespace and the session's AMP policy and scaler.
-
-    ``compile_watch`` is the session's :class:`CompileWatch` (without one, compiled models
-    cannot be compared to what they were); it observes this namespace afterwards.
-    """
+    """Run every check over the namespace and the session's state: its AMP policy and
+    scaler, its device (``%device``; models being trained elsewhere are named) and its
+    :class:`CompileWatch` (without one, compiled models cannot be compared to what they
+    were; it observes this namespace afterwards)."""
     ws = Workspace(namespace, hidden)  # read only: nothing is resolved or remembered
     models = ws.models()
     optimizers = ws.optimizers()
     found_scalers = [scaler, getattr(amp, "scaler", None)] + [
-        v for _, v in ws._items() if isinstance(v, torch.amp.GradScaler)
+        v for _, v in ws.items() if isinstance(v, torch.amp.GradScaler)
     ]
     scalers = list({id(s): s for s in found_scalers if s is not None and s.is_enabled()}.values())
     findings: list[Finding] = []
+    trained: dict[str, nn.Module] = {}
     for name, value in models.items():
         model = unwrap(value)
         ids = {id(p) for p in model.parameters()}
@@ -421,11 +375,14 @@ def diagnose(
             if any(id(p) in ids for g in o.param_groups for p in g["params"])
         ]
         if opts:
+            trained[name] = model
             findings += _unoptimized(name, model, opts)
             findings += _frozen_in_optimizer(name, model, opts)
+            if device is not None:
+                findings += _off_session_device(name, model, device)
         findings += _bn_drift(name, model)
         findings += _devices(name, model, opts, scalers)
-    findings += _amp(amp, models, scalers)
+    findings += _amp(amp, trained, scalers)
     findings += _schedulers(ws, optimizers)
     findings += _leaks(ws)
     findings += _wrappers(ws, compile_watch)

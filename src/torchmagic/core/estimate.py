@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .errors import TorchMagicError
 from .memory import state_bytes
 from .modules import unwrap
-from .placement import reference_device
+from .placement import nbytes, reference_device
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,6 @@ class Estimate:
         )
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _scalar_bytes() -> int:
     """Optimizers keep ``step`` and friends as float32 (float64 when that is the default)."""
     return 8 if torch.get_default_dtype() == torch.float64 else 4
@@ -150,7 +147,7 @@ def _stateful(optimizer: torch.optim.Optimizer, group: Mapping) -> list[nn.Param
 
 def _rule_bytes(rule: StateRule, params: Iterable[nn.Parameter]) -> int:
     params = list(params)
-    return rule.tensors * sum(_nbytes(p) for p in params) + rule.scalars * _scalar_bytes() * len(
+    return rule.tensors * sum(nbytes(p) for p in params) + rule.scalars * _scalar_bytes() * len(
         params
     )
 
@@ -176,7 +173,7 @@ def _state_estimate(
         if rule_of is None:
             return _State(None, f"unknown for {cls.__name__}: estimate with a live optimizer", None)
         rule = rule_of(_defaults(cls, options))
-        trainable = [p for p in model.parameters() if p.requires_grad]
+        trainable = [p for p in model.parameters() if p.requires_grad and not is_lazy(p)]
         return _State(_rule_bytes(rule, trainable), _describe(rule), rule)
     groups = [(g, _stateful(optimizer, g)) for g in optimizer.param_groups]
     counted = {id(p) for _, params in groups for p in params}
@@ -194,9 +191,9 @@ def _state_estimate(
             None,
         )
     held = state_bytes(optimizer, have)
-    ratio = held / sum(_nbytes(p) for p in have)
+    ratio = held / sum(nbytes(p) for p in have)
     lacking = [p for _, params in groups for p in params if not optimizer.state.get(p)]
-    total = held + idle + round(ratio * sum(_nbytes(p) for p in lacking))
+    total = held + idle + round(ratio * sum(nbytes(p) for p in lacking))
     return _State(total, f"measured: {ratio:.2f} bytes of state per parameter byte", None, idle)
 
 
@@ -229,7 +226,7 @@ def saved_activation_bytes(
         return (t.device, pointer) if pointer else (id(t),)  # meta tensors have no pointer
 
     saved: dict[tuple, int] = {}
-    skip = {key(t) for t in (*real.parameters(), *real.buffers())}
+    skip = {key(t) for t in (*real.parameters(), *real.buffers()) if not is_lazy(t)}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = key(t)
@@ -244,7 +241,7 @@ def saved_activation_bytes(
         skip.add(key(x))
         try:
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = model(x)
+                out = real(x)  # not a compiled wrapper: no compilation for a measurement
         except Exception as error:  # the user's shape does not fit the model
             raise TorchMagicError(
                 f"forward on a random input of shape {shape} failed: "
@@ -274,11 +271,11 @@ def estimate(
     (``"AdamW"``) for one built over all trainable parameters with ``options``.
     """
     real = unwrap(model)
-    params = list(real.parameters())
+    params = [p for p in real.parameters() if not is_lazy(p)]  # lazy: no memory yet
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]
     state = _state_estimate(real, optimizer, options or {})
-    frozen_bytes = sum(_nbytes(p) for p in frozen)
+    frozen_bytes = sum(nbytes(p) for p in frozen)
     saving = None
     if optimizer is None:
         saving = frozen_bytes
@@ -287,11 +284,11 @@ def estimate(
     return Estimate(
         model_name=model_name,
         optimizer="" if optimizer is None else _optimizer_class(optimizer).__name__,
-        weights=sum(_nbytes(p) for p in params),
-        buffers=sum(_nbytes(b) for b in real.buffers()),
+        weights=sum(nbytes(p) for p in params),
+        buffers=sum(nbytes(b) for b in real.buffers()),
         # trainable ones get one; frozen ones keep a stale one until set to None
-        grads=sum(_nbytes(p) for p in trainable)
-        + sum(_nbytes(p.grad) for p in frozen if p.grad is not None),
+        grads=sum(nbytes(p) for p in trainable)
+        + sum(nbytes(p.grad) for p in frozen if p.grad is not None),
         optimizer_state=state.bytes,
         state_rule=state.description,
         idle_state=state.idle,

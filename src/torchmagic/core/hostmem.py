@@ -7,6 +7,7 @@ function answers ``None`` when the platform cannot tell, never a guess.
 from __future__ import annotations
 
 import os
+import platform
 import sys
 
 
@@ -82,6 +83,4 @@ def cpu_name() -> str:
                     return line.partition(":")[2].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine() or "cpu"

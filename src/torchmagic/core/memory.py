@@ -10,6 +10,7 @@ queried only once something has initialised it, so nothing here initialises it.
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import traceback
 from collections.abc import Iterable, Iterator
@@ -21,7 +22,7 @@ from torch import nn
 
 from . import hostmem
 from .modules import unwrap
-from .placement import reference_device
+from .placement import nbytes, reference_device
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,6 @@ class CellMemory:
         return self.after - self.before
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
     seen: set[int] = set()
     for t in tensors:
@@ -115,7 +112,7 @@ def state_tensors(
 def state_bytes(
     optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter] | None = None
 ) -> int:
-    return sum(_nbytes(t) for t in state_tensors(optimizer, params))
+    return sum(nbytes(t) for t in state_tensors(optimizer, params))
 
 
 def _cuda_used() -> bool:
@@ -154,7 +151,7 @@ def traceback_hold() -> tuple[int, int]:
         for v in tb.tb_frame.f_locals.values()
         if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
     )
-    return len(frames), sum(_nbytes(t) for t in _unique(held))
+    return len(frames), sum(nbytes(t) for t in _unique(held))
 
 
 def breakdown(
@@ -167,21 +164,22 @@ def breakdown(
     the optimizer's state on the model's device, with that device's totals."""
     device = _report_device(model)
     real = unwrap(model) if model is not None else None
+    groups = optimizer.param_groups if optimizer is not None else ()
     params = list(
         _unique(
-            [
-                *(real.parameters() if real is not None else ()),
-                *(p for g in (optimizer.param_groups if optimizer else ()) for p in g["params"]),
-            ]
+            itertools.chain(
+                real.parameters() if real is not None else (),
+                (p for g in groups for p in g["params"]),
+            )
         )
     )
     buffers = list(_unique(real.buffers())) if real is not None else []
     grads = [p.grad for p in params if p.grad is not None]
     state = list(state_tensors(optimizer)) if optimizer is not None else []
-    elsewhere = sum(_nbytes(t) for t in (*params, *buffers, *grads, *state) if t.device != device)
+    elsewhere = sum(nbytes(t) for t in (*params, *buffers, *grads, *state) if t.device != device)
 
     def here(tensors: Iterable[torch.Tensor]) -> int:
-        return sum(_nbytes(t) for t in tensors if t.device == device)
+        return sum(nbytes(t) for t in tensors if t.device == device)
 
     frames, held = traceback_hold()
     in_use = reserved = peak = free = total = None

@@ -27,7 +27,8 @@ class Workspace:
         self.current: str | None = None
         self.optimizer_of: dict[str, str] = {}
 
-    def _items(self) -> Iterator[tuple[str, object]]:
+    def items(self) -> Iterator[tuple[str, object]]:
+        """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
         for name, value in list(self.namespace.items()):
             if not name.startswith("_") and name not in self.hidden:
                 yield name, value
@@ -40,7 +41,7 @@ class Workspace:
 
     def models(self) -> dict[str, nn.Module]:
         """Modules bound to variables that are not part of another bound module."""
-        bound = [(n, v) for n, v in self._items() if isinstance(v, nn.Module)]
+        bound = [(n, v) for n, v in self.items() if isinstance(v, nn.Module)]
         inner: set[int] = set()
         for _, value in bound:
             real = unwrap(value)
@@ -107,7 +108,7 @@ class Workspace:
         return name, model, relative
 
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
-        return [(n, v) for n, v in self._items() if isinstance(v, torch.optim.Optimizer)]
+        return [(n, v) for n, v in self.items() if isinstance(v, torch.optim.Optimizer)]
 
     def resolve_optimizer(
         self, model_name: str, model: nn.Module, name: str | None = None
@@ -150,7 +151,7 @@ class Workspace:
         """Schedulers driving ``optimizer``: bound to variables, or inside lists, tuples
         and dicts bound to variables, with the children of Sequential/Chained ones."""
         found = []
-        for _, value in self._items():
+        for _, value in self.items():
             if isinstance(value, (list, tuple)):
                 found.extend(value)
             elif isinstance(value, dict):

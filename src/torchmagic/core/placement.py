@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
-from .modules import unwrap
+from .modules import parameter_names, unwrap
 
 # How deep a plain attribute is searched for tensors (list of dicts of tensors: 2).
 _ATTR_DEPTH = 3
@@ -45,8 +46,9 @@ class CheckReport:
     misplaced: tuple[Misplaced, ...]
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements; 0 for a lazy module's parameter not yet materialised."""
+    return 0 if is_lazy(t) else t.numel() * t.element_size()
 
 
 def reference_device(model: nn.Module) -> torch.device | None:
@@ -54,10 +56,10 @@ def reference_device(model: nn.Module) -> torch.device | None:
     model = unwrap(model)
     weights: Counter = Counter()
     for p in model.parameters():
-        weights[p.device] += _nbytes(p) or 1
+        weights[p.device] += nbytes(p) or 1
     if not weights:
         for b in model.buffers():
-            weights[b.device] += _nbytes(b) or 1
+            weights[b.device] += nbytes(b) or 1
     return weights.most_common(1)[0][0] if weights else None
 
 
@@ -111,7 +113,7 @@ def step_stays_on_host(group: dict, key: str) -> bool:
 def _optimizer_misplaced(
     model: nn.Module, optimizer: torch.optim.Optimizer, label: str
 ) -> Iterator[Misplaced]:
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = parameter_names(model)
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
             state = optimizer.state.get(p)
@@ -129,7 +131,7 @@ def _optimizer_misplaced(
                         "optimizer state",
                         str(value.device),
                         tuple(value.shape),
-                        _nbytes(value),
+                        nbytes(value),
                         f"%device move (moves optimizer state with its parameter to {p.device})",
                     )
 
@@ -153,9 +155,11 @@ def check(
     move_fix = f"%device move (or {model_name}.to('{ref}'))"
     for name, p in model.named_parameters():
         tensors += 1
+        if is_lazy(p):  # no data yet: it is created where the first input is
+            continue
         if p.device != ref:
             found.append(
-                Misplaced(name, "parameter", str(p.device), tuple(p.shape), _nbytes(p), move_fix)
+                Misplaced(name, "parameter", str(p.device), tuple(p.shape), nbytes(p), move_fix)
             )
         elif p.grad is not None and p.grad.device != ref:
             found.append(
@@ -164,7 +168,7 @@ def check(
                     "gradient",
                     str(p.grad.device),
                     tuple(p.grad.shape),
-                    _nbytes(p.grad),
+                    nbytes(p.grad),
                     f"{optimizer_name}.zero_grad() (set_to_none) drops it",
                 )
             )
@@ -172,7 +176,7 @@ def check(
         tensors += 1
         if b.device != ref:
             found.append(
-                Misplaced(name, "buffer", str(b.device), tuple(b.shape), _nbytes(b), move_fix)
+                Misplaced(name, "buffer", str(b.device), tuple(b.shape), nbytes(b), move_fix)
             )
     for name, t in plain_tensor_attributes(model):
         tensors += 1
@@ -183,7 +187,7 @@ def check(
                     "attribute",
                     str(t.device),
                     tuple(t.shape),
-                    _nbytes(t),
+                    nbytes(t),
                     _attribute_fix(name),
                 )
             )
@@ -200,7 +204,7 @@ def check(
                     "scaler",
                     str(scale.device),
                     tuple(scale.shape),
-                    _nbytes(scale),
+                    nbytes(scale),
                     f"%device move (or a new torch.amp.GradScaler('{ref.type}'))",
                 )
             )

@@ -71,17 +71,33 @@ def _lists(scheduler: object) -> dict[str, list]:
     }
 
 
+def mismatches(scheduler: object, optimizer: torch.optim.Optimizer) -> list[str]:
+    """What in ``scheduler`` no longer lines up with ``optimizer``'s param groups: lists of
+    the wrong length, schedule keys some groups lack. Empty when in step."""
+    groups = optimizer.param_groups
+    wrong = [
+        f"{name} has {len(values)}"
+        for name, values in _lists(scheduler).items()
+        if name != _LAST_LR and len(values) != len(groups)
+    ]
+    keys = {k for g in groups for k in g if k in _SCALED_KEYS}
+    wrong += [
+        f"group {i} lacks '{k}'" for i, g in enumerate(groups) for k in sorted(keys) if k not in g
+    ]
+    return wrong
+
+
 def check(schedulers: Iterable[object], optimizer: torch.optim.Optimizer, ref: int) -> None:
     """Refuse, before anything changes, when a new group could not follow the schedule."""
     n = len(optimizer.param_groups)
     for s in schedulers:
         kind = type(s).__name__
-        for name, values in _lists(s).items():
-            if name != _LAST_LR and len(values) != n:
-                raise TorchMagicError(
-                    f"{kind}.{name} has {len(values)} entries for {n} param groups: the "
-                    "scheduler is already out of step with the optimizer; recreate it first"
-                )
+        problems = mismatches(s, optimizer)
+        if problems:
+            raise TorchMagicError(
+                f"{kind}: {'; '.join(problems)} for {n} param groups: the scheduler is "
+                "already out of step with the optimizer; recreate it first"
+            )
         if not type(s).__module__.startswith("torch.optim"):
             unknown = [
                 name

@@ -91,6 +91,11 @@ class Session:
         scheds = self.workspace.schedulers(opt) if opt is not None else []
         return surgery.Target(unwrap(model), name, opt, opt_name, scheds)
 
+    def bound(self, model: str | None = None, optimizer: str | None = None) -> surgery.Target:
+        """The named (or current) model with the optimizer and schedulers bound to it."""
+        name, module = self.workspace.resolve_model(model)
+        return self._target(name, module, optimizer)
+
     def _selection(self, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None):
         parsed = parse_targets(targets) if targets else ()
         excluded = parse_targets(exclude)

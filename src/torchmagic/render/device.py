@@ -9,16 +9,7 @@ from rich.text import Text
 from ..core.device import DeviceReport, MoveReport
 from ..core.pinbench import PinReport
 from ..core.placement import CheckReport, Misplaced
-from .base import Rendered, human_bytes
-
-
-def _table(title: str, columns: tuple[tuple[str, str], ...]) -> Table:
-    table = Table(
-        title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False
-    )
-    for column, justify in columns:
-        table.add_column(column, justify=justify, overflow="fold")
-    return table
+from .base import Rendered, human_bytes, table
 
 
 def _bytes(n: int | None) -> str:
@@ -30,7 +21,7 @@ def _yes_no(flag: bool | None) -> str:
 
 
 def devices(report: DeviceReport, width: int = 100) -> Rendered:
-    table = _table(
+    drawn = table(
         "devices",
         (
             ("", "left"),
@@ -44,7 +35,7 @@ def devices(report: DeviceReport, width: int = 100) -> Rendered:
         ),
     )
     for d in report.devices:
-        table.add_row(
+        drawn.add_row(
             Text("●", style="bold green") if d.current else "",
             Text(d.name, style="bold" if d.current else ""),
             d.description,
@@ -54,13 +45,13 @@ def devices(report: DeviceReport, width: int = 100) -> Rendered:
             _yes_no(d.bf16),
             Text(d.detail, style="dim"),
         )
-    parts: list[RenderableType] = [table, Text(f"session device: {report.current}")]
+    parts: list[RenderableType] = [drawn, Text(f"session device: {report.current}")]
     parts += [Text(note, style="dim") for note in report.notes]
     return Rendered(Group(*parts), width)
 
 
-def _misplaced_table(items: tuple[Misplaced, ...], title: str) -> Table:
-    table = _table(
+def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
+    drawn = table(
         title,
         (
             ("tensor", "left"),
@@ -73,13 +64,19 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str) -> Table:
     )
     for m in items:
         shape = "×".join(map(str, m.shape)) if m.shape else "scalar"
-        table.add_row(
+        drawn.add_row(
             m.name, m.kind, Text(m.device, style="red"), shape, human_bytes(m.nbytes), m.fix
         )
-    return table
+    return drawn
 
 
 def moved(report: MoveReport, width: int = 100) -> Rendered:
+    if not report.tensors:
+        title = Text(f"`{report.model_name}` is already on {report.device}: nothing to move")
+        if not report.left_behind:
+            return Rendered(title, width)
+        left = _misplaced_table(report.left_behind, "not on it (model.to cannot move these)")
+        return Rendered(Group(title, left), width)
     title = Text()
     title.append(f"moved `{report.model_name}` to {report.device}", style="bold")
     title.append(f": {human_bytes(report.total_bytes)} in {report.tensors} tensors")
@@ -101,8 +98,7 @@ def misplaced(report: CheckReport, width: int = 100) -> Rendered:
     if not report.misplaced:
         return Rendered(
             Text(
-                f"all {report.tensors} tensors of `{report.model_name}` are on "
-                f"{report.reference}",
+                f"all {report.tensors} tensors of `{report.model_name}` are on {report.reference}",
                 style="green",
             ),
             width,
@@ -112,13 +108,13 @@ def misplaced(report: CheckReport, width: int = 100) -> Rendered:
         f"where `{report.model_name}`'s parameters are",
         style="bold",
     )
-    return Rendered(Group(head, _misplaced_table(report.misplaced, "")), width)
+    return Rendered(Group(head, _misplaced_table(report.misplaced, None)), width)
 
 
 def pin_report(report: PinReport, width: int = 100) -> Rendered:
     if not report.ran:
         return Rendered(Text(report.reason), width)
-    table = _table(
+    drawn = table(
         f"host → {report.device}: one batch, {human_bytes(report.batch_bytes)} in "
         f"{report.tensors} tensor(s), median of {report.repeats}",
         (("host memory", "left"), ("copy", "left"), ("ms", "right"), ("GB/s", "right")),
@@ -131,10 +127,10 @@ def pin_report(report: PinReport, width: int = 100) -> Rendered:
     )
     for memory, copy, ms in rows:
         rate = report.batch_bytes / ms / 1e6 if ms else 0.0
-        table.add_row(memory, copy, f"{ms:.3f}", f"{rate:.1f}")
-    table.add_row("(pin_memory() itself)", "", f"{report.pin_ms:.3f}", "")
+        drawn.add_row(memory, copy, f"{ms:.3f}", f"{rate:.1f}")
+    drawn.add_row("(pin_memory() itself)", "", f"{report.pin_ms:.3f}", "")
     advice = Text(report.advice, style="bold green" if report.recommend else "")
-    parts: list[RenderableType] = [table, advice]
+    parts: list[RenderableType] = [drawn, advice]
     if report.loader_pins is not None:
         parts.append(Text(f"the loader has pin_memory={report.loader_pins}", style="dim"))
     return Rendered(Group(*parts), width)

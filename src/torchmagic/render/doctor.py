@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from ..core.doctor import DoctorReport
-from .base import Rendered
+from .base import Rendered, human_bytes, table
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -22,14 +21,16 @@ def doctor(report: DoctorReport, width: int = 100) -> Rendered:
         ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items() if n),
         style="bold",
     )
-    table = Table(show_edge=False, pad_edge=False, show_lines=True)
-    table.add_column("", justify="left")
-    table.add_column("check", justify="left")
-    table.add_column("where", justify="left", overflow="fold", ratio=1)
-    table.add_column("problem → fix", justify="left", overflow="fold", ratio=2)
+    drawn = table(
+        None,
+        [("", "left"), ("check", "left"), ("where", "left"), ("problem → fix", "left")],
+        show_lines=True,
+    )
     for f in report.findings:
         problem = Text(f.message)
+        if f.nbytes:
+            problem.append(f" ({human_bytes(f.nbytes)})")
         problem.append("\n→ ")
         problem.append(f.fix, style="green")
-        table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.check, f.subject, problem)
-    return Rendered(Group(head, table, Text(scanned, style="dim")), width)
+        drawn.add_row(Text(f.severity, style=_STYLE[f.severity]), f.check, f.subject, problem)
+    return Rendered(Group(head, drawn, Text(scanned, style="dim")), width)

@@ -8,17 +8,11 @@ from rich.text import Text
 
 from ..core.estimate import Estimate
 from ..core.memory import CellMemory, MemoryReport, ResetReport
-from .base import Rendered, human, human_bytes
+from .base import Rendered, human, human_bytes, table
 
 
 def _table(title: str) -> Table:
-    table = Table(
-        title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False
-    )
-    table.add_column("", justify="left")
-    table.add_column("bytes", justify="right")
-    table.add_column("", justify="left", overflow="fold")
-    return table
+    return table(title, [("", "left"), ("bytes", "right"), ("", "left")])
 
 
 def _signed(n: int) -> str:
@@ -27,7 +21,7 @@ def _signed(n: int) -> str:
 
 def memory(report: MemoryReport, width: int = 100) -> Rendered:
     whose = f" of `{report.model_name}`" if report.model_name else ""
-    table = _table(f"memory on {report.device}{whose}")
+    drawn = _table(f"memory on {report.device}{whose}")
     rows = (
         ("parameters, trainable", report.params_trainable, ""),
         ("parameters, frozen", report.params_frozen, "no gradient, no optimizer state"),
@@ -36,16 +30,16 @@ def memory(report: MemoryReport, width: int = 100) -> Rendered:
         ("optimizer state", report.optimizer_state, ""),
     )
     for label, n, note in rows:
-        table.add_row(label, human_bytes(n), Text(note, style="dim"))
-    table.add_row(Text("tensors counted", style="bold"), human_bytes(report.tensors), "")
+        drawn.add_row(label, human_bytes(n), Text(note, style="dim"))
+    drawn.add_row(Text("tensors counted", style="bold"), human_bytes(report.tensors), "")
     if report.rest is not None:
         rest = (
             "activations, allocator cache and other tensors"
             if report.source == "cuda allocator"
             else "interpreter, libraries, activations and other tensors"
         )
-        table.add_row("rest", human_bytes(report.rest), Text(rest, style="dim"))
-    parts: list[RenderableType] = [table]
+        drawn.add_row("rest", human_bytes(report.rest), Text(rest, style="dim"))
+    parts: list[RenderableType] = [drawn]
     totals = []
     if report.in_use is not None:
         label = "allocated" if report.source == "cuda allocator" else "process RSS"
@@ -76,31 +70,31 @@ def memory(report: MemoryReport, width: int = 100) -> Rendered:
 
 def estimate(est: Estimate, width: int = 100) -> Rendered:
     opt = f" with {est.optimizer}" if est.optimizer else ""
-    table = _table(f"estimate for one training step of `{est.model_name}`{opt}")
-    table.add_row("weights", human_bytes(est.weights), "")
-    table.add_row("buffers", human_bytes(est.buffers), "")
-    table.add_row(
+    drawn = _table(f"estimate for one training step of `{est.model_name}`{opt}")
+    drawn.add_row("weights", human_bytes(est.weights), "")
+    drawn.add_row("buffers", human_bytes(est.buffers), "")
+    drawn.add_row(
         "gradients",
         human_bytes(est.grads),
         Text(f"{human(est.trainable)} trainable parameters", style="dim"),
     )
     state = "unknown" if est.optimizer_state is None else human_bytes(est.optimizer_state)
-    table.add_row("optimizer state", state, Text(est.state_rule, style="dim"))
+    drawn.add_row("optimizer state", state, Text(est.state_rule, style="dim"))
     if est.idle_state:
-        table.add_row(
+        drawn.add_row(
             "  of which idle",
             human_bytes(est.idle_state),
             Text("held by parameters a step skips (frozen, still in the optimizer)"),
         )
     if est.activations is not None:
         shape = "×".join(map(str, est.input_shape or ()))
-        table.add_row(
+        drawn.add_row(
             "activations",
             human_bytes(est.activations),
             Text(f"saved for backward, input {shape} (the forward's peak is higher)", style="dim"),
         )
-    table.add_row(Text("total", style="bold"), Text(human_bytes(est.total), style="bold"), "")
-    parts: list[RenderableType] = [table]
+    drawn.add_row(Text("total", style="bold"), Text(human_bytes(est.total), style="bold"), "")
+    parts: list[RenderableType] = [drawn]
     if est.frozen and est.freeze_saving is not None:
         parts.append(
             Text(
@@ -126,10 +120,7 @@ def reset(report: ResetReport, width: int = 100) -> Rendered:
 
 
 def cell_line(cell: CellMemory) -> str:
-    """The one line ``%gpumem watch on`` prints after each cell."""
+    """The one line ``%gpumem watch on`` prints after each cell (plain text: it follows
+    the cell's own output)."""
     peak = "" if cell.peak is None else f", peak {human_bytes(cell.peak)}"
     return f"[{cell.device}] {_signed(cell.delta)} (now {human_bytes(cell.after)}{peak})"
-
-
-def cell(cell: CellMemory, width: int = 100) -> Rendered:
-    return Rendered(Text(cell_line(cell), style="dim"), width)

@@ -1,0 +1,88 @@
+"""%device, %gpumem and %tm doctor on a fresh shell (CPU; CUDA never initialised)."""
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+SETUP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+"""
+
+
+def shown(ip, line):
+    with capture_output() as cap:
+        ip.run_cell(line).raise_error()
+    assert all("text/html" in o.data for o in cap.outputs)
+    return "\n".join(o.data["text/plain"] for o in cap.outputs) + cap.stdout
+
+
+def test_device_lists_and_sets(ip):
+    ip.run_cell(SETUP).raise_error()
+    text = shown(ip, "%device")
+    assert "cpu" in text and "session device" in text
+    shown(ip, "%device cpu")
+    magics = ip.magics_manager.registry["TorchMagics"]
+    assert magics.session.device == torch.device("cpu")
+    with pytest.raises(UsageError, match="not available"):
+        ip.run_line_magic("device", "cuda:0")
+    assert magics.session.device == torch.device("cpu")
+    with pytest.raises(UsageError, match="usage"):
+        ip.run_line_magic("device", "cpu extra")
+    assert not torch.cuda.is_initialized()
+
+
+def test_device_check_finds_an_unregistered_tensor(ip):
+    ip.run_cell(SETUP + "model.mask = torch.zeros(3, device='meta')").raise_error()
+    text = shown(ip, "%device check")
+    assert "mask" in text and "meta" in text and "register_buffer" in text
+
+
+def test_device_move_and_pinbench_without_cuda(ip):
+    ip.run_cell(SETUP + "from torch.utils.data import DataLoader, TensorDataset\n"
+                "loader = DataLoader(TensorDataset(torch.randn(8, 8)), batch_size=4)").raise_error()
+    assert "nothing to move" in shown(ip, "%device move")
+    assert "no CUDA device" in shown(ip, "%device pinbench loader")
+    assert not torch.cuda.is_initialized()
+
+
+def test_gpumem_breakdown_estimate_and_the_saving_of_freeze(ip):
+    ip.run_cell(SETUP).raise_error()
+    assert "parameters, trainable" in shown(ip, "%gpumem")
+    before = shown(ip, "%gpumem estimate --input-shape 4,8")
+    assert "activations" in before and "optimizer state" in before
+    shown(ip, "%freeze 0")
+    assert "saves" in shown(ip, "%gpumem estimate")
+    with pytest.raises(UsageError, match="--input-shape"):
+        ip.run_line_magic("gpumem", "estimate --input-shape 4,x")
+
+
+def test_gpumem_watch_prints_a_line_per_cell(ip):
+    ip.run_cell(SETUP).raise_error()
+    shown(ip, "%gpumem watch on")
+    assert "peak" in shown(ip, "x = torch.randn(256, 256)")
+    shown(ip, "%gpumem watch off")
+    assert "peak" not in shown(ip, "y = 1")
+    assert "peak counters reset" in shown(ip, "%gpumem reset --tracebacks")
+
+
+def test_doctor_healthy_then_names_the_unfreeze_bug(ip):
+    ip.run_cell(SETUP).raise_error()
+    shown(ip, "%freeze 0")
+    assert "no problems found" in shown(ip, "%tm doctor")
+    # unfrozen by hand: requires grad, but in no param group
+    ip.run_cell("model[0].weight.requires_grad_(True)").raise_error()
+    text = shown(ip, "%tm doctor")
+    assert "0.weight" in text and "optimizer" in text
+
+
+def test_unload_unhooks_events(ip):
+    shown(ip, "%gpumem watch on")
+    ip.run_line_magic("unload_ext", "torchmagic")
+    callbacks = ip.events.callbacks
+    assert not any("TorchMagics" in repr(cb) for cb in callbacks["post_run_cell"])
+    assert not any("TorchMagics" in repr(cb) for cb in callbacks["pre_run_cell"])
