@@ -106,3 +106,17 @@ def test_param_names_groups_kept_in_step():
     tm.unfreeze("0", lr=0.01)
     assert opt.param_groups[1]["param_names"] == ["0.weight", "0.bias"]
     opt.state_dict()
+
+
+def test_undo_after_the_model_moved_puts_state_where_the_parameters_are(trained):
+    model, opt = trained
+    tm = Session(model, opt)
+    tm.freeze("layer1")
+    moved = list(model.layer1.parameters())
+    with torch.no_grad():
+        for p in moved:  # as %device move does: the same Parameter objects, on a new device
+            torch.utils.swap_tensors(p, torch.nn.Parameter(p.to("meta"), p.requires_grad))
+    tm.undo()
+    for p in moved:
+        assert opt.state[p]["exp_avg"].device.type == "meta"
+        assert opt.state[p]["step"].device.type == "cpu"  # Adam's step stays on the host

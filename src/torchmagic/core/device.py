@@ -17,7 +17,8 @@ from torch import nn
 from . import hostmem
 from .errors import TorchMagicError
 from .modules import unwrap
-from .placement import Misplaced, check, nbytes, step_stays_on_host
+from .optimizer_sync import step_stays_on_host
+from .placement import Misplaced, check, nbytes
 
 _CHOICES = "auto, cpu, cuda, cuda:N or mps"
 

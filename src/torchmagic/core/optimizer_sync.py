@@ -25,6 +25,11 @@ def group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
     return {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
 
 
+def step_stays_on_host(group: dict, key: str) -> bool:
+    """Optimizers keep ``step`` on the CPU unless the group is capturable or fused."""
+    return key == "step" and not (group.get("capturable") or group.get("fused"))
+
+
 def group_label(group: dict, index: int) -> str:
     return str(group.get("name", index))
 
@@ -127,8 +132,11 @@ class OptimizerEditor:
         """Take ``params`` out of the optimizer and set their state aside on the host.
 
         Returns the bytes of state freed from the accelerator (0 on the CPU). The state
-        comes back, on its original device and bit for bit, when the command is undone.
+        comes back bit for bit when the command is undone: tensors that lived with their
+        parameter return to wherever the parameter is then (it may have been moved with
+        %device move since), the others (e.g. Adam's host-side ``step``) where they were.
         """
+        where = group_index(self.optimizer)
         self.detach(params)
         state = self.optimizer.state
         stash: list[tuple[nn.Parameter, dict]] = []
@@ -136,20 +144,24 @@ class OptimizerEditor:
         for p in params:
             if p not in state:  # `state` is a defaultdict: never index it blindly
                 continue
-            entry = state.pop(p)
             kept = {}
-            for key, value in entry.items():
-                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                    freed += value.numel() * value.element_size()
-                    kept[key] = (value.to("cpu"), value.device)
-                else:
+            group = self.optimizer.param_groups[where[id(p)]] if id(p) in where else {}
+            for key, value in state.pop(p).items():
+                if not isinstance(value, torch.Tensor):
                     kept[key] = (value, None)
+                    continue
+                if value.device.type != "cpu":
+                    freed += value.numel() * value.element_size()
+                follows = value.device == p.device and not step_stays_on_host(group, key)
+                home = None if follows else value.device
+                kept[key] = (value.to("cpu"), home)
             stash.append((p, kept))
 
         def restore_state() -> None:
             for p, kept in stash:
                 state[p] = {
-                    k: (v.to(dev) if dev is not None else v) for k, (v, dev) in kept.items()
+                    k: v if not isinstance(v, torch.Tensor) else v.to(home or p.device)
+                    for k, (v, home) in kept.items()
                 }
 
         self._tx.add(restore_state)

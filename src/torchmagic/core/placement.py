@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .modules import parameter_names, unwrap
+from .optimizer_sync import step_stays_on_host
 
 # How deep a plain attribute is searched for tensors (list of dicts of tensors: 2).
 _ATTR_DEPTH = 3
@@ -103,11 +104,6 @@ def _attribute_fix(name: str) -> str:
         f"in __init__: self.register_buffer({attr!r}, tensor, persistent=False) "
         "so model.to() moves it"
     )
-
-
-def step_stays_on_host(group: dict, key: str) -> bool:
-    """Optimizers keep ``step`` on the CPU unless the group is capturable or fused."""
-    return key == "step" and not (group.get("capturable") or group.get("fused"))
 
 
 def _optimizer_misplaced(
