@@ -25,9 +25,11 @@ class Rendered:
         self.width = width
 
     def _console(self) -> Console:
-        # markup off: module names, commands and usage strings contain [brackets]
+        # markup off: module names, commands and usage strings contain [brackets];
+        # force_jupyter off: in a kernel rich would otherwise display its own copy
         return Console(
             record=True,
+            force_jupyter=False,
             width=self.width,
             file=io.StringIO(),
             color_system="truecolor",

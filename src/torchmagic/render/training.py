@@ -100,7 +100,9 @@ class TerminalProgress:
     refresh_seconds = 0.5
 
     def __init__(self, width: int = 100) -> None:
-        self.console = Console(width=width, markup=False, highlight=False, emoji=False)
+        self.console = Console(
+            width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
+        )
 
     def on_step(self, info: StepInfo) -> None:
         if not self.console.is_terminal:
