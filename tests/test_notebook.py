@@ -1,0 +1,126 @@
+"""End-to-end: the quickstart notebook runs in a real Jupyter kernel.
+
+Only a kernel shows what a user sees: the magics registered by ``%load_ext``, their rich
+output, names resolved in the kernel's namespace, and a plain training loop after them.
+
+The notebook caches its pretrained weights in ``build/weights`` of the repository (the
+file name encodes the pretraining settings), shared with ``make demo``, so only the first
+run pays for pretraining (under a minute on two CPU cores). TORCH_HOME points into a tmp
+dir so that nothing can be downloaded to the user's cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
+
+
+def _runner() -> ModuleType:
+    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _stdout(cell: nbformat.NotebookNode) -> str:
+    return "".join(
+        o.get("text", "")
+        for o in cell.outputs
+        if o.output_type == "stream" and o.get("name") == "stdout"
+    )
+
+
+def _is_magic(cell: nbformat.NotebookNode) -> bool:
+    return cell.source.lstrip().startswith("%") and "load_ext" not in cell.source
+
+
+@pytest.fixture
+def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The kernel inherits this environment: keep torch away from ~/.cache."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_quickstart_runs_and_transfers(isolated_env: Path) -> None:
+    out = isolated_env / "quickstart.ipynb"
+    nb = _runner().execute_notebook(NOTEBOOK, out=out, echo=False)
+    assert out.exists()
+
+    cells = _code_cells(nb)
+    errors = [
+        (n, cell.source)
+        for n, cell in enumerate(cells, start=1)
+        for o in cell.outputs
+        if o.output_type == "error"
+    ]
+    assert not errors
+
+    magic_cells = [cell for cell in cells if _is_magic(cell)]
+    assert magic_cells, "the quickstart should use the magics"
+    assert any("text/html" in o.get("data", {}) for cell in magic_cells for o in cell.outputs), (
+        "no magic produced rich (text/html) output"
+    )
+
+    for cell in magic_cells:
+        for o in cell.outputs:
+            plain = o.get("data", {}).get("text/plain", "")
+            assert "\x1b[" not in plain, f"terminal escapes in {cell.source!r}"
+    surgery = [c for c in magic_cells if c.source.startswith(("%freeze", "%unfreeze", "%replace"))]
+    assert surgery and all(len(c.outputs) == 1 for c in surgery), "one summary per command"
+    fits = [c for c in magic_cells if c.source.startswith("%fit")]
+    assert any("--cache-features" in c.source for c in fits)
+    assert all(
+        any("completed" in o.get("data", {}).get("text/plain", "") for o in c.outputs)
+        for c in fits
+    )
+
+    final = _stdout(cells[-1])
+    found = {
+        name: float(value)
+        for name, value in re.findall(r"^(fine-tuned|from scratch)\s+([0-9.]+)\s*$", final, re.M)
+    }
+    assert set(found) == {"fine-tuned", "from scratch"}, final
+    assert 0.2 < found["fine-tuned"] <= 1.0  # five classes: chance is 0.2
+    assert 0.0 <= found["from scratch"] <= 1.0
+
+
+def test_runner_reports_the_failing_cell(isolated_env: Path, capsys: pytest.CaptureFixture) -> None:
+    runner = _runner()
+    path = isolated_env / "broken.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("not executed"),
+        nbformat.v4.new_code_cell("import os\nprint(os.getcwd())"),
+        nbformat.v4.new_code_cell("1 / 0"),
+        nbformat.v4.new_code_cell("print('unreachable')"),
+    ]
+    nbformat.write(nb, path)
+
+    out = isolated_env / "out" / "broken.ipynb"
+    with pytest.raises(runner.NotebookCellError) as failure:
+        runner.execute_notebook(path, out=out, echo=True)
+    assert failure.value.cell_number == 2
+    assert failure.value.ename == "ZeroDivisionError"
+    echoed = capsys.readouterr().out
+    assert "--- cell 1 " in echoed
+    assert str(isolated_env.resolve()) in echoed  # the kernel runs in the notebook's folder
+    assert "unreachable" not in echoed
+    assert out.exists()  # written even on failure, for inspection
+
+    assert runner.main([str(path), "--quiet"]) == 1
+    assert "cell 2" in capsys.readouterr().err

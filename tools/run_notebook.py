@@ -1,0 +1,195 @@
+"""Execute a notebook in a real Jupyter kernel and echo it to the terminal.
+
+Magics only show their true behaviour inside an IPython kernel (display hooks, rich
+output, the user namespace), so the demo and its test run notebooks through nbclient
+and ipykernel rather than exec'ing the code. The kernel always runs this interpreter
+(``sys.executable``), so a venv's packages are the ones under test, whatever kernels
+happen to be registered on the machine.
+
+Usage: python tools/run_notebook.py NOTEBOOK [--out EXECUTED.ipynb] [--quiet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+KERNEL_NAME = "python3"
+CELL_TIMEOUT_S = 600
+
+
+def _write_kernelspec(folder: Path) -> None:
+    """A kernelspec that launches ipykernel with the current interpreter."""
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 ({sys.executable})",
+        "language": "python",
+    }
+    spec_dir = folder / KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+
+
+class NotebookCellError(CellExecutionError):
+    """A cell raised; says which one, so a terminal user need not count cells."""
+
+    def __init__(self, exc: CellExecutionError, cell_number: int, source: str) -> None:
+        super().__init__(exc.traceback, exc.ename, exc.evalue)
+        self.cell_number = cell_number
+        self.source = source
+
+
+class _EchoClient(NotebookClient):
+    """NotebookClient that prints each code cell and its text outputs as they arrive."""
+
+    def __init__(self, nb: nbformat.NotebookNode, stream: TextIO | None, **kw: Any) -> None:
+        super().__init__(nb, **kw)
+        self._stream = stream
+        self._at_line_start = True
+        self._cell_numbers = {
+            i: n
+            for n, i in enumerate(
+                (i for i, c in enumerate(nb.cells) if c.cell_type == "code"), start=1
+            )
+        }
+        if stream is not None:
+            self.on_cell_start = self._echo_source
+
+    def _print(self, text: str) -> None:
+        assert self._stream is not None
+        if text:
+            self._stream.write(text)
+            self._stream.flush()
+            self._at_line_start = text.endswith("\n")
+
+    def _echo_source(self, cell: nbformat.NotebookNode, cell_index: int) -> None:
+        if cell.cell_type != "code" or not cell.source.strip():
+            return
+        if not self._at_line_start:
+            self._print("\n")
+        header = f"--- cell {self._cell_numbers[cell_index]} "
+        self._print(f"\n{header:-<72}\n{cell.source.rstrip()}\n{'-' * 72}\n")
+
+    def output(
+        self,
+        outs: list[nbformat.NotebookNode],
+        msg: dict[str, Any],
+        display_id: str | None,
+        cell_index: int,
+    ) -> nbformat.NotebookNode | None:
+        out = super().output(outs, msg, display_id, cell_index)
+        if out is not None and self._stream is not None:
+            text = _as_text(out)
+            if out.get("output_type") != "stream" and not self._at_line_start:
+                text = "\n" + text  # a progress line without newline must not swallow it
+            self._print(text)
+        return out
+
+
+def _as_text(out: nbformat.NotebookNode) -> str:
+    """The terminal rendering of one output: text as-is, rich data by its text/plain."""
+    kind = out.get("output_type")
+    if kind == "stream":
+        return out.get("text", "")
+    if kind in ("display_data", "execute_result"):
+        data = out.get("data", {})
+        if "text/plain" in data:
+            return data["text/plain"].rstrip("\n") + "\n"
+        return f"[{', '.join(sorted(data))}]\n"
+    if kind == "error":
+        return "\n".join(out.get("traceback", [])) + "\n"
+    return ""
+
+
+def execute_notebook(
+    path: str | Path,
+    out: str | Path | None = None,
+    echo: bool = True,
+    timeout: int = CELL_TIMEOUT_S,
+) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` in a fresh kernel with the notebook's folder as cwd.
+
+    Returns the executed notebook (also written to ``out`` if given, even when a cell
+    fails, so the failure can be inspected). Raises ``NotebookCellError`` (a
+    ``CellExecutionError``) on the first failing cell.
+    """
+    path = Path(path).resolve()
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="tm-kernels-") as kernels:
+        _write_kernelspec(Path(kernels))
+        km = AsyncKernelManager(
+            kernel_name=KERNEL_NAME,
+            transport="ipc",  # unix sockets in a private temp folder, not open TCP ports
+            ip=str(Path(kernels) / "kernel-ipc"),
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernels]),
+        )
+        client = _EchoClient(
+            nb,
+            sys.stdout if echo else None,
+            km=km,
+            kernel_name=KERNEL_NAME,
+            timeout=timeout,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        try:
+            client.execute(cleanup_kc=True)  # we made km, so the client must stop it
+        except CellExecutionError as exc:
+            failing = _failing_cell(nb)
+            if failing is None:
+                raise
+            raise NotebookCellError(exc, *failing) from None
+        finally:
+            if out is not None:
+                out = Path(out)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                nbformat.write(nb, out)
+    return nb
+
+
+def _failing_cell(nb: nbformat.NotebookNode) -> tuple[int, str] | None:
+    """(code cell number, source) of the first cell with an error output."""
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    for n, cell in enumerate(code_cells, start=1):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            return n, cell.source
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; exit status 1 when a cell raises."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebook", type=Path)
+    parser.add_argument("--out", type=Path, help="where to write the executed notebook")
+    parser.add_argument("--quiet", action="store_true", help="do not echo cells")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
+    args = parser.parse_args(argv)
+    failed = f"\n{'=' * 72}\nFAILED: {args.notebook}"
+    try:
+        execute_notebook(args.notebook, args.out, echo=not args.quiet, timeout=args.timeout)
+    except NotebookCellError as exc:
+        print(f"{failed}, cell {exc.cell_number}:\n{exc.source}\n", file=sys.stderr)
+        print(f"{exc.ename}: {exc.evalue}", file=sys.stderr)
+        return 1
+    except CellExecutionError as exc:  # an error without an error output: show it all
+        print(f"{failed}\n{exc}", file=sys.stderr)
+        return 1
+    except (CellTimeoutError, DeadKernelError) as exc:
+        print(f"{failed}\n{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.out:
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
