@@ -131,3 +131,22 @@ stepped = tm.step(loss, optimizer)
     assert ns["out"].dtype is torch.bfloat16 and ns["stepped"]
     assert not torch.equal(ns["before"], ns["model"][2].weight)
     assert ns["tm"] is torchmagic.notebook_session()
+
+
+def test_terminal_progress_draws_a_bar_and_epoch_lines():
+    import io
+
+    from rich.console import Console
+
+    from torchmagic import render
+    from torchmagic.core.fit import EpochMetrics, StepInfo
+
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True, highlight=False)
+    progress = render.TerminalProgress(console=console)
+    progress.on_step(StepInfo(1, 2, 3, 3, 10, 120.0, 0.5, (1e-3,)))
+    progress.on_epoch(EpochMetrics(1, 0.5, 0.4, 0.75, 100, 1.0, (1e-3,)))
+    progress.close()
+    text = out.getvalue()
+    assert "3/10" in text and "loss 0.5" in text and "epoch 1: train loss 0.5" in text
+    assert "75.0%" in text

@@ -90,6 +90,8 @@ class FitObserver(Protocol):
 
     def on_epoch(self, metrics: EpochMetrics) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class _Silent:
     refresh_seconds = float("inf")
@@ -98,6 +100,9 @@ class _Silent:
         pass
 
     def on_epoch(self, metrics: EpochMetrics) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -347,6 +352,7 @@ class _Trainer:
                         break
         finally:
             plan.model.train(was_training)
+            plan.observer.close()
         return FitHistory(
             label=plan.label,
             model_name=plan.model_name,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -92,33 +93,54 @@ class NotebookProgress:
         self.epochs.append(metrics)
         self.handle.update(self._rendered())
 
+    def close(self) -> None:
+        """Nothing to release: the output stays as the last update left it."""
+
 
 class TerminalProgress:
-    """A %fit observer for a terminal: one status line rewritten in place, and a line per
-    epoch (a console on stdout, created here, never forced to be a terminal)."""
+    """A %fit observer for a terminal: a rich progress bar for the current epoch, with
+    samples/s, running loss and lrs beside it, and a printed line per epoch."""
 
     refresh_seconds = 0.5
 
-    def __init__(self, width: int = 100) -> None:
-        self.console = Console(
+    def __init__(self, width: int = 100, console: Console | None = None) -> None:
+        self.console = console or Console(
             width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
         )
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=self.console,
+            transient=True,
+        )
+        self.task: TaskID | None = None
 
     def on_step(self, info: StepInfo) -> None:
-        if not self.console.is_terminal:
-            return
-        bar = f"[{'#' * int(20 * info.batch / info.batches):<20}] " if info.batches else ""
-        self.console.file.write("\r" + (bar + _step_text(info))[: self.console.width - 1])
-        self.console.file.flush()
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("", status="")
+        self.progress.update(
+            self.task,
+            description=f"epoch {info.epoch}/{info.epochs}",
+            total=info.batches,
+            completed=info.batch,
+            status=f"{human(info.samples_per_s)} samples/s · loss {info.loss:.4g} · "
+            f"lr {_lrs(info.lrs)}",
+        )
 
     def on_epoch(self, metrics: EpochMetrics) -> None:
-        if self.console.is_terminal:
-            self.console.file.write("\r")
         self.console.print(
             f"epoch {metrics.epoch}: train loss {_num(metrics.train_loss)} · val loss "
             f"{_num(metrics.val_loss)} · val acc {_pct(metrics.val_accuracy)} · "
             f"{metrics.seconds:.1f} s"
         )
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.progress.stop()
+            self.task = None
 
 
 def _chart(histories: Sequence[FitHistory]) -> str:
