@@ -54,23 +54,20 @@ import gc
 import io
 import math
 import os
-import platform
 import pstats
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torchvision
+from machine import describe
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import resnet18, resnet50
 
-import torchmagic
 from torchmagic import Session, render
 
 BATCH = 64
@@ -721,23 +718,6 @@ def gpu(
 # -- main --------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (
-        f"{cpu}, {cores} cores usable, torch {torch.__version__} "
-        f"({torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}), "
-        f"torchvision {torchvision.__version__}, "
-        f"torchmagic {torchmagic.__version__}, Python {platform.python_version()}"
-    )
-
-
 def _load() -> str:
     if not hasattr(os, "getloadavg"):
         return "n/a"
@@ -771,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     print("# torchmagic training throughput (bench/fit.py)" + (" --quick" if args.quick else ""))
-    print(machine())
+    print(describe())
     print(f"load average at start: {_load()}")
     print(f"run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     start = time.perf_counter()

@@ -33,20 +33,17 @@ import cProfile
 import gc
 import io
 import os
-import platform
 import pstats
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-import torchvision
+from machine import describe
 from torchvision import models
 
-import torchmagic
 from torchmagic import Session, render
 
 ENGINE_TARGET_MS = 5.0
@@ -525,20 +522,6 @@ def profile(title: str, profiled: Profiled, repeat: int) -> str:
     return "\n".join([f"\n### cProfile of {repeat} calls (resets not profiled): {title}", *keep])
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{cpu}, {cores} cores usable, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), torchvision {torchvision.__version__}, "
-            f"torchmagic {torchmagic.__version__}, Python {platform.python_version()}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet50,vit_l_16,maxvit_t",
@@ -556,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be >= 15")
 
     print("# torchmagic surgery latency (bench/surgery.py)")
-    print(machine())
+    print(describe())
     if hasattr(os, "getloadavg"):
         print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     peers = {"lightning": _lightning(), "timm": _timm_freeze(), "torchinfo": _torchinfo()}
