@@ -66,3 +66,13 @@ def test_geometric_spread():
     assert lrs[2] == pytest.approx(1e-3)
     assert spread_lrs((1e-5, 1e-3), 1) == [1e-3]
     assert spread_lrs(1e-4, 2) == [1e-4, 1e-4]
+
+
+def test_input_shapes():
+    from torchmagic.core.grammar import parse_shape
+
+    assert parse_shape("1,3,224,224") == (1, 3, 224, 224)
+    assert parse_shape("8x3x32x32") == (8, 3, 32, 32)
+    for bad in ("1,a", "0,3", "1,-3", "(1,3)", "__import__('os')"):
+        with pytest.raises(TorchMagicError):
+            parse_shape(bad)

@@ -33,7 +33,7 @@ from .core import device as devices
 from .core.amp import MODES, cell_autocast
 from .core.batchnorm import POLICIES
 from .core.compiled import CompileWatch
-from .core.grammar import split_options
+from .core.grammar import parse_shape, split_options
 from .manifest import load_manifest
 from .render import device as device_render
 from .render import doctor as doctor_render
@@ -515,7 +515,7 @@ class TorchMagics(Magics):
                 shown = render.message(f"memory watch {rest[0]}", self.width)
             else:
                 bound = self.session.bound(rest[0] if rest else None)
-                shape = _shape(args.input_shape) if args.input_shape else None
+                shape = parse_shape(args.input_shape) if args.input_shape else None
                 report = estimate.estimate(
                     bound.model,
                     args.optimizer or bound.optimizer,
@@ -543,11 +543,3 @@ class TorchMagics(Magics):
         cell = self.cell_watcher.post()
         if cell is not None:
             print(memory_render.cell_line(cell))
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    """``1,3,224,224`` → (1, 3, 224, 224); digits and commas only, never evaluated."""
-    parts = text.replace("x", ",").split(",")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise TorchMagicError(f"--input-shape {text}: expected positive integers like 1,3,224,224")
-    return tuple(int(p) for p in parts)

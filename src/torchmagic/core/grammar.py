@@ -165,3 +165,11 @@ def spread_lrs(lr: LrSpec, count: int) -> list[float | None]:
         return [last]
     ratio = last / first
     return [first * ratio ** (i / (count - 1)) for i in range(count)]
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``1,3,224,224`` (or ``1x3x224x224``) → (1, 3, 224, 224): digits only, never evaluated."""
+    parts = text.replace("x", ",").split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise TorchMagicError(f"--input-shape {text}: expected positive integers like 1,3,224,224")
+    return tuple(int(p) for p in parts)
