@@ -86,12 +86,12 @@ class Session:
 
     # -- resolving -------------------------------------------------------------------
 
-    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> surgery.Target:
+    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> surgery.BoundModel:
         opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
         scheds = self.workspace.schedulers(opt) if opt is not None else []
-        return surgery.Target(unwrap(model), name, opt, opt_name, scheds)
+        return surgery.BoundModel(unwrap(model), name, opt, opt_name, scheds)
 
-    def bound(self, model: str | None = None, optimizer: str | None = None) -> surgery.Target:
+    def bound(self, model: str | None = None, optimizer: str | None = None) -> surgery.BoundModel:
         """The named (or current) model with the optimizer and schedulers bound to it."""
         name, module = self.workspace.resolve_model(model)
         return self._target(name, module, optimizer)
@@ -112,7 +112,7 @@ class Session:
         self,
         action: str,
         command: str,
-        target: surgery.Target,
+        target: surgery.BoundModel,
         dry_run: bool,
         step: Callable[[Transaction], Effect],
     ) -> Change:

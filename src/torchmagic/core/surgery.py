@@ -22,7 +22,7 @@ from .transaction import Transaction
 
 
 @dataclass
-class Target:
+class BoundModel:
     """The live objects one command acts on."""
 
     model: nn.Module
@@ -52,7 +52,7 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
-def freeze(target: Target, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
+def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
     params = selection.parameters()
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
@@ -65,7 +65,7 @@ def freeze(target: Target, selection: Selection, bn_policy: str, tx: Transaction
     return Effect(selection.names, _numel(params), freed, dict(modes))
 
 
-def head_group(target: Target, exclude: Sequence[nn.Parameter] = ()) -> int | None:
+def head_group(target: BoundModel, exclude: Sequence[nn.Parameter] = ()) -> int | None:
     """Index of the group training the head: the one holding the model's last parameter
     that is in the optimizer (and not among ``exclude``)."""
     if target.optimizer is None:
@@ -84,7 +84,7 @@ def _group_name(block: Block, model_name: str) -> str:
 
 
 def unfreeze(
-    target: Target,
+    target: BoundModel,
     selection: Selection,
     lrs: Sequence[float | None],
     weight_decay: float | None,
@@ -143,7 +143,7 @@ def unfreeze(
 
 
 def replace_head(
-    target: Target,
+    target: BoundModel,
     root: nn.Module,
     root_name: str,
     num_classes: int,
