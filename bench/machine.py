@@ -9,7 +9,7 @@ import torch
 import torchvision
 
 import torchmagic
-from torchmagic.core.hostmem import cpu_name
+from torchmagic.core.devices.hostmem import cpu_name
 
 
 def describe() -> str:

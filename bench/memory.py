@@ -39,10 +39,10 @@ from torch import nn
 
 import torchmagic
 from torchmagic import Session
-from torchmagic.core import hostmem
-from torchmagic.core.estimate import estimate
-from torchmagic.core.memory import breakdown
-from torchmagic.core.pinbench import pinbench
+from torchmagic.core.devices import hostmem
+from torchmagic.core.devices.estimate import estimate
+from torchmagic.core.devices.memory import breakdown
+from torchmagic.core.devices.pinbench import pinbench
 
 TARGET_PCT = 5.0
 MiB = 2**20

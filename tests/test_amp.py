@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from torchmagic import TorchMagicError
-from torchmagic.core.amp import AmpController, choose_dtype
+from torchmagic.core.training.amp import AmpController, choose_dtype
 
 
 def test_policy_per_device_type(monkeypatch):

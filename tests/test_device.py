@@ -15,9 +15,9 @@ from torch import nn
 
 from snapshots import assert_same, snapshot
 from torchmagic import TorchMagicError
-from torchmagic.core import device as dev
-from torchmagic.core.pinbench import pinbench
-from torchmagic.core.placement import check
+from torchmagic.core.devices import device as dev
+from torchmagic.core.devices.pinbench import pinbench
+from torchmagic.core.devices.placement import check
 from torchmagic.render.device import devices, misplaced, moved, pin_report
 
 META = torch.device("meta")

@@ -11,8 +11,8 @@ import torchvision
 from torch import nn
 
 from torchmagic import Session
-from torchmagic.core.amp import AmpController
-from torchmagic.core.doctor import CompileWatch, diagnose, is_compiled
+from torchmagic.core.diagnostics.doctor import CompileWatch, diagnose, is_compiled
+from torchmagic.core.training.amp import AmpController
 from torchmagic.render.doctor import doctor as render_doctor
 
 META = torch.device("meta")

@@ -86,7 +86,7 @@ def test_parameterless_target_refused(trained):
 def test_failure_midway_rolls_back(trained, monkeypatch):
     model, opt = trained
     before = snapshot(model, opt)
-    from torchmagic.core import batchnorm
+    from torchmagic.core.surgery import batchnorm
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected")

@@ -6,7 +6,7 @@ import torchvision
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session
-from torchmagic.core import device, memory, pinbench
+from torchmagic.core.devices import device, memory, pinbench
 
 pytestmark = [
     pytest.mark.gpu,

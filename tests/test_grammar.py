@@ -1,7 +1,7 @@
 import pytest
 
 from torchmagic import TorchMagicError
-from torchmagic.core.grammar import (
+from torchmagic.core.surgery.grammar import (
     parse_lr,
     parse_target,
     split_options,
@@ -69,7 +69,7 @@ def test_geometric_spread():
 
 
 def test_input_shapes():
-    from torchmagic.core.grammar import parse_shape
+    from torchmagic.core.surgery.grammar import parse_shape
 
     assert parse_shape("1,3,224,224") == (1, 3, 224, 224)
     assert parse_shape("8x3x32x32") == (8, 3, 32, 32)

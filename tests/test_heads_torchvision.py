@@ -5,7 +5,7 @@ through a script-mode :class:`torchmagic.Session`, checks the live objects (the 
 the head path, the optimizer's param groups by identity), trains one step and undoes.
 
 The expected head paths are written out by hand from torchvision's model code, not
-derived from ``torchmagic.core.heads``, so a detection mistake shows up as a failure.
+derived from ``torchmagic.core.surgery.heads``, so a detection mistake shows up as a failure.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from torchmagic import Session, TorchMagicError
-from torchmagic.core import memory
-from torchmagic.core.estimate import estimate, saved_activation_bytes
+from torchmagic.core.devices import memory
+from torchmagic.core.devices.estimate import estimate, saved_activation_bytes
 from torchmagic.render.memory import cell_line
 from torchmagic.render.memory import estimate as render_estimate
 from torchmagic.render.memory import memory as render_memory

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from torchmagic import TorchMagicError
-from torchmagic.core.grammar import parse_targets
-from torchmagic.core.selection import select
+from torchmagic.core.surgery.grammar import parse_targets
+from torchmagic.core.surgery.selection import select
 
 
 def names(model, *targets, exclude=()):

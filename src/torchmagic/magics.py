@@ -19,21 +19,14 @@ from IPython.utils.process import arg_split
 from traitlets import Enum, Float, Integer, Unicode, observe
 
 from . import render
-from .core import (
-    Session,
-    SessionConfig,
-    TorchMagicError,
-    doctor,
-    estimate,
-    memory,
-    pinbench,
-    placement,
-)
-from .core import device as devices
-from .core.amp import MODES, cell_autocast
-from .core.batchnorm import POLICIES
-from .core.compiled import CompileWatch
-from .core.grammar import parse_shape, split_options
+from .core import Session, SessionConfig, TorchMagicError
+from .core.devices import device as devices
+from .core.devices import estimate, memory, pinbench, placement
+from .core.diagnostics import doctor
+from .core.diagnostics.compiled import CompileWatch
+from .core.surgery.batchnorm import POLICIES
+from .core.surgery.grammar import parse_shape, split_options
+from .core.training.amp import MODES, cell_autocast
 from .manifest import load_manifest
 from .render import device as device_render
 from .render import doctor as doctor_render

@@ -1,7 +1,8 @@
 """The engine: plain Python + torch, no IPython, no rich. Also the public scripting API."""
 
 from .errors import TorchMagicError
-from .results import (
+from .session import Session, SessionConfig
+from .surgery.results import (
     Change,
     Counts,
     Effect,
@@ -10,7 +11,6 @@ from .results import (
     SummaryReport,
     SummaryRow,
 )
-from .session import Session, SessionConfig
 
 __all__ = [
     "Change",

@@ -18,14 +18,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from . import surgery
-from .amp import AmpController, AmpStatus
-from .batchnorm import POLICIES
-from .counting import count, describe_groups, group_keys
 from .errors import TorchMagicError
-from .fit import FitHistory, FitObserver, FitPlan, resolve_loss
-from .fit import fit as run_fit
-from .grammar import (
+from .modules import unwrap
+from .surgery import edits, scheduler_sync
+from .surgery.batchnorm import POLICIES
+from .surgery.counting import count, describe_groups, group_keys
+from .surgery.grammar import (
     LrSpec,
     check_positive,
     parse_lr,
@@ -33,14 +31,15 @@ from .grammar import (
     parse_targets,
     spread_lrs,
 )
-from .history import History, Record
-from .modules import unwrap
-from .namespace import Workspace
-from .results import Change, Effect, HistoryEntry, SummaryReport
-from .schedulers import roots as scheduler_roots
-from .selection import resolve, select
-from .summary import summarize
-from .transaction import Transaction
+from .surgery.history import History, Record
+from .surgery.results import Change, Effect, HistoryEntry, SummaryReport
+from .surgery.selection import resolve, select
+from .surgery.summary import summarize
+from .surgery.transaction import Transaction
+from .training.amp import AmpController, AmpStatus
+from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
+from .training.fit import fit as run_fit
+from .workspace import Workspace
 
 
 @dataclass
@@ -86,12 +85,12 @@ class Session:
 
     # -- resolving -------------------------------------------------------------------
 
-    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> surgery.BoundModel:
+    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> edits.BoundModel:
         opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
         scheds = self.workspace.schedulers(opt) if opt is not None else []
-        return surgery.BoundModel(unwrap(model), name, opt, opt_name, scheds)
+        return edits.BoundModel(unwrap(model), name, opt, opt_name, scheds)
 
-    def bound(self, model: str | None = None, optimizer: str | None = None) -> surgery.BoundModel:
+    def bound(self, model: str | None = None, optimizer: str | None = None) -> edits.BoundModel:
         """The named (or current) model with the optimizer and schedulers bound to it."""
         name, module = self.workspace.resolve_model(model)
         return self._target(name, module, optimizer)
@@ -112,7 +111,7 @@ class Session:
         self,
         action: str,
         command: str,
-        target: surgery.BoundModel,
+        target: edits.BoundModel,
         dry_run: bool,
         step: Callable[[Transaction], Effect],
     ) -> Change:
@@ -167,7 +166,7 @@ class Session:
             command or _command("freeze", targets, exclude=exclude),
             target,
             dry_run,
-            lambda tx: surgery.freeze(target, selection, policy, tx),
+            lambda tx: edits.freeze(target, selection, policy, tx),
         )
 
     def unfreeze(
@@ -198,7 +197,7 @@ class Session:
             command or _command("unfreeze", targets, exclude=exclude),
             target,
             dry_run,
-            lambda tx: surgery.unfreeze(
+            lambda tx: edits.unfreeze(
                 target, selection, lrs, weight_decay, self.config.unfreeze_lr_ratio, tx
             ),
         )
@@ -241,7 +240,7 @@ class Session:
             command or f"replace_head {where or 'auto'} {num_classes}",
             target,
             dry_run,
-            lambda tx: surgery.replace_head(target, root, root_name, num_classes, dropout, tx),
+            lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx),
         )
 
     def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
@@ -376,7 +375,7 @@ class Session:
             model=target.model,
             model_name=name,
             optimizer=target.optimizer,
-            schedulers=scheduler_roots(target.schedulers),
+            schedulers=scheduler_sync.roots(target.schedulers),
             loss_fn=resolve_loss(loss, self.workspace.namespace),
             device=device,
             amp=self.amp,

@@ -6,9 +6,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..core.device import DeviceReport, MoveReport
-from ..core.pinbench import PinReport
-from ..core.placement import CheckReport, Misplaced
+from ..core.devices.device import DeviceReport, MoveReport
+from ..core.devices.pinbench import PinReport
+from ..core.devices.placement import CheckReport, Misplaced
 from .base import Rendered, human_bytes, table
 
 

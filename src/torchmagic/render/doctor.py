@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from ..core.doctor import DoctorReport
+from ..core.diagnostics.doctor import DoctorReport
 from .base import Rendered, human_bytes, table
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

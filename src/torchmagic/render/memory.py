@@ -6,8 +6,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..core.estimate import Estimate
-from ..core.memory import CellMemory, MemoryReport, ResetReport
+from ..core.devices.estimate import Estimate
+from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from .base import Rendered, human, human_bytes, table
 
 

@@ -14,8 +14,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..core.amp import AmpStatus
-from ..core.fit import EpochMetrics, FitHistory, StepInfo
+from ..core.training.amp import AmpStatus
+from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
 from .base import Rendered, human, table
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch.optim import lr_scheduler as torch_schedulers
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
 from .transaction import Transaction
 
 SCHEDULER_TYPES = (torch_schedulers.LRScheduler, torch_schedulers.ReduceLROnPlateau)

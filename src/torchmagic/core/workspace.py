@@ -12,10 +12,10 @@ from collections.abc import Container, Iterator, MutableMapping, Sequence
 import torch
 from torch import nn
 
-from . import schedulers as scheduler_sync
 from .errors import TorchMagicError
-from .grammar import Target
 from .modules import unwrap
+from .surgery import scheduler_sync
+from .surgery.grammar import Target
 
 
 class Workspace:

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import batchnorm, heads
+from ..errors import TorchMagicError
+from ..modules import is_batchnorm
+from ..surgery import batchnorm, heads
 from .data import random_transforms
-from .errors import TorchMagicError
-from .modules import is_batchnorm
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import walk
+from ..modules import walk
 from .optimizer_sync import group_label
 from .results import Counts, GroupInfo
 

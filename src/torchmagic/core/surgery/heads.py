@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
 AUX_HEAD_PATHS = ("aux1.fc2", "aux2.fc2", "AuxLogits.fc")

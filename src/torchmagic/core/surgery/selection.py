@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
+from ..modules import unwrap
 from .grammar import Segment, Target
-from .modules import unwrap
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from collections import Counter, defaultdict
 import torch
 from torch import nn
 
+from ..modules import is_batchnorm
 from . import batchnorm
 from .counting import count, describe_groups
-from .modules import is_batchnorm
 from .optimizer_sync import group_index, group_label
 from .results import SummaryReport, SummaryRow
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import batchnorm, heads, schedulers
-from .errors import TorchMagicError
-from .modules import is_batchnorm, parent_of, unique_parameters
+from ..errors import TorchMagicError
+from ..modules import is_batchnorm, parent_of, unique_parameters
+from . import batchnorm, heads, scheduler_sync
 from .optimizer_sync import OptimizerEditor, group_index
 from .results import Effect
 from .selection import Block, Selection
@@ -104,8 +104,8 @@ def unfreeze(
         ref = 0 if ref is None else ref
         if weight_decay is not None and "weight_decay" not in opt.param_groups[ref]:
             raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set")
-        schedulers.check(target.schedulers, opt, ref)
-        schedulers.snapshot(target.schedulers, opt, tx)
+        scheduler_sync.check(target.schedulers, opt, ref)
+        scheduler_sync.snapshot(target.schedulers, opt, tx)
     swapped, modes = batchnorm.release(selection, tx)
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
@@ -130,7 +130,7 @@ def unfreeze(
                 template=template,
                 weight_decay=weight_decay,
             )
-            schedulers.follow(target.schedulers, opt, index, ref)
+            scheduler_sync.follow(target.schedulers, opt, index, ref)
     else:
         all_params = Selection(selection.model, tuple(blocks)).parameters()
         notes.append("no optimizer holds this model's parameters: only requires_grad changed")
@@ -171,8 +171,8 @@ def replace_head(
         where = group_index(opt)
         held = [where[id(p)] for p in old_params if id(p) in where]
         ref = held[0] if held else None
-        schedulers.check(target.schedulers, opt, 0 if ref is None else ref)
-        schedulers.snapshot(target.schedulers, opt, tx)
+        scheduler_sync.check(target.schedulers, opt, 0 if ref is None else ref)
+        scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         only_head = ref is not None and {id(p) for p in opt.param_groups[ref]["params"]} <= {
             id(p) for p in old_params
@@ -190,7 +190,7 @@ def replace_head(
             source = opt.param_groups[0 if ref is None else ref]
             lr = float(source["lr"]) if ref is not None else float(opt.defaults["lr"])
             index = editor.add_group(new_params, name=located[0][0], lr=lr, template=source)
-            schedulers.follow(target.schedulers, opt, index, 0 if ref is None else ref)
+            scheduler_sync.follow(target.schedulers, opt, index, 0 if ref is None else ref)
     else:
         notes.append("no optimizer holds this model's parameters: create one for the new head")
     old_shape = f"{found[0].in_features}→{found[0].out_features}"

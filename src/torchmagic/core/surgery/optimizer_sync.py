@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .modules import parameter_names
+from ..modules import parameter_names
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by schedulers.py for new groups, never copied.

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import TorchMagicError
 from .device import cuda_note
-from .errors import TorchMagicError
 
 # Pinning is recommended when the pinned non_blocking copy is this much faster ...
 MIN_SPEEDUP = 1.2

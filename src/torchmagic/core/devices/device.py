@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import TorchMagicError
+from ..modules import unwrap
+from ..surgery.optimizer_sync import step_stays_on_host
 from . import hostmem
-from .errors import TorchMagicError
-from .modules import unwrap
-from .optimizer_sync import step_stays_on_host
 from .placement import Misplaced, check, nbytes
 
 _CHOICES = "auto, cpu, cuda, cuda:N or mps"

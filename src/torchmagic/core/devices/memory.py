@@ -20,8 +20,8 @@ from types import TracebackType
 import torch
 from torch import nn
 
+from ..modules import unwrap
 from . import hostmem
-from .modules import unwrap
 from .placement import nbytes, reference_device
 
 

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim import lr_scheduler as torch_schedulers
 
+from ..errors import TorchMagicError
 from . import feature_cache
 from .amp import AmpController
 from .data import load_batch, next_epoch_indices, split_batch, to_device
-from .errors import TorchMagicError
 
 LOSSES: dict[str, Callable] = {
     "cross_entropy": F.cross_entropy,

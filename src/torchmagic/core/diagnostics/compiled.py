@@ -11,8 +11,8 @@ from collections.abc import Container, Mapping
 
 from torch import nn
 
-from .modules import unwrap
-from .namespace import Workspace
+from ..modules import unwrap
+from ..workspace import Workspace
 
 
 def is_compiled(module: nn.Module) -> bool:

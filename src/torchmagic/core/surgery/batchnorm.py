@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from .modules import is_batchnorm, parent_of
+from ..modules import is_batchnorm, parent_of
 from .selection import Selection
 from .transaction import Transaction
 

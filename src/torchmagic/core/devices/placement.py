@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .modules import parameter_names, unwrap
-from .optimizer_sync import step_stays_on_host
+from ..modules import parameter_names, unwrap
+from ..surgery.optimizer_sync import step_stays_on_host
 
 # How deep a plain attribute is searched for tensors (list of dicts of tensors: 2).
 _ATTR_DEPTH = 3

@@ -15,14 +15,14 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import schedulers as scheduler_sync
-from .batchnorm import is_held
+from ..devices.memory import state_bytes
+from ..devices.placement import check as check_placement
+from ..devices.placement import reference_device
+from ..modules import parameter_names, unwrap
+from ..surgery import scheduler_sync
+from ..surgery.batchnorm import is_held
+from ..workspace import Workspace
 from .compiled import CompileWatch, is_compiled
-from .memory import state_bytes
-from .modules import parameter_names, unwrap
-from .namespace import Workspace
-from .placement import check as check_placement
-from .placement import reference_device
 
 SEVERITIES = ("error", "warning", "info")
 # How many items of a list / dict in the namespace are searched for graph-holding tensors

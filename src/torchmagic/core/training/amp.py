@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
 
 MODES = ("auto", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
+from ..modules import unwrap
 from .memory import state_bytes
-from .modules import unwrap
 from .placement import nbytes, reference_device
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .errors import TorchMagicError
+from ..errors import TorchMagicError
 from .results import Change, HistoryEntry
 from .transaction import Transaction
 

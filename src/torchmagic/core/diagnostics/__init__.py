@@ -1,0 +1,1 @@
+"""Diagnostics: the doctor's checks over a whole namespace, and compiled-model tracking."""

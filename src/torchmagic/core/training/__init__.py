@@ -1,0 +1,1 @@
+"""Training: %fit's loop, mixed precision, batches and cached features."""
