@@ -17,7 +17,7 @@ from snapshots import assert_same, snapshot
 from torchmagic import TorchMagicError
 from torchmagic.core.devices import device as dev
 from torchmagic.core.devices.pinbench import pinbench
-from torchmagic.core.devices.placement import check
+from torchmagic.core.devices.placement import find_misplaced
 from torchmagic.render.device import devices, misplaced, moved, pin_report
 
 META = torch.device("meta")
@@ -196,10 +196,10 @@ def test_move_refuses_a_gpu_without_room(monkeypatch, resnet):
 
 def test_check_healthy_models_report_nothing(trained):
     model, opt = trained
-    report = check(model, opt)
+    report = find_misplaced(model, opt)
     assert report.reference == "cpu" and report.misplaced == () and report.tensors > 100
     lstm = nn.LSTM(4, 8)  # _flat_weights aliases registered parameters: not a mistake
-    assert check(lstm).misplaced == ()
+    assert find_misplaced(lstm).misplaced == ()
 
 
 def test_check_names_every_misplaced_tensor_with_its_fix():
@@ -215,7 +215,7 @@ def test_check_names_every_misplaced_tensor_with_its_fix():
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(torch.ones((), device=META))
 
-    report = check(model, opt, scaler, model_name="net", optimizer_name="opt")
+    report = find_misplaced(model, opt, scaler, model_name="net", optimizer_name="opt")
 
     found = {m.name: m for m in report.misplaced}
     assert set(found) == {
@@ -246,7 +246,7 @@ def test_check_names_every_misplaced_tensor_with_its_fix():
 def test_check_reference_is_where_most_parameter_bytes_are():
     model = nn.Sequential(nn.Linear(100, 100), nn.Linear(2, 2))
     model[1].to(META)
-    report = check(model)
+    report = find_misplaced(model)
     assert report.reference == "cpu"
     assert {m.name for m in report.misplaced} == {"1.weight", "1.bias"}
     assert all(m.kind == "parameter" for m in report.misplaced)

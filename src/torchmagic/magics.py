@@ -431,7 +431,7 @@ class TorchMagics(Magics):
                 shown = device_render.moved(report, self.width)
             elif action == "check":
                 bound = session.bound(rest[0] if rest else None)
-                report = placement.check(
+                report = placement.find_misplaced(
                     bound.model,
                     bound.optimizer,
                     session.amp.scaler,

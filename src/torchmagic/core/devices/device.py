@@ -18,7 +18,7 @@ from ..errors import TorchMagicError
 from ..modules import unwrap
 from ..surgery.optimizer_sync import step_stays_on_host
 from . import hostmem
-from .placement import Misplaced, check, nbytes
+from .placement import Misplaced, find_misplaced, nbytes
 
 _CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
@@ -314,7 +314,7 @@ def move(
         opt_bytes, opt_tensors = _move_optimizer(optimizer)
     if scaler is not None:
         scaler_bytes, scaler_tensors = _move_scaler(scaler, target)
-    left = check(real, optimizer, scaler, model_name=model_name).misplaced
+    left = find_misplaced(real, optimizer, scaler, model_name=model_name).misplaced
     return MoveReport(
         model_name=model_name,
         device=str(target),

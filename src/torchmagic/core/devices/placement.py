@@ -132,7 +132,7 @@ def _optimizer_misplaced(
                     )
 
 
-def check(
+def find_misplaced(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,

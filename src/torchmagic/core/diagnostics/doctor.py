@@ -16,8 +16,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..devices.memory import state_bytes
-from ..devices.placement import check as check_placement
-from ..devices.placement import reference_device
+from ..devices.placement import find_misplaced, reference_device
 from ..modules import parameter_names, unwrap
 from ..surgery import scheduler_sync
 from ..surgery.batchnorm import is_held
@@ -164,7 +163,7 @@ def _devices(name: str, model: nn.Module, opts: list, scalers: list) -> Iterator
     misplaced: dict = {}
     for opt_name, opt in opts or [(None, None)]:
         for scaler in (scalers or [None]) if opts else [None]:
-            report = check_placement(
+            report = find_misplaced(
                 model, opt, scaler, model_name=name, optimizer_name=opt_name or "optimizer"
             )
             misplaced.update(dict.fromkeys(report.misplaced))

@@ -104,7 +104,7 @@ def unfreeze(
         ref = 0 if ref is None else ref
         if weight_decay is not None and "weight_decay" not in opt.param_groups[ref]:
             raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set")
-        scheduler_sync.check(target.schedulers, opt, ref)
+        scheduler_sync.check_followable(target.schedulers, opt, ref)
         scheduler_sync.snapshot(target.schedulers, opt, tx)
     swapped, modes = batchnorm.release(selection, tx)
     blocks = [
@@ -171,7 +171,7 @@ def replace_head(
         where = group_index(opt)
         held = [where[id(p)] for p in old_params if id(p) in where]
         ref = held[0] if held else None
-        scheduler_sync.check(target.schedulers, opt, 0 if ref is None else ref)
+        scheduler_sync.check_followable(target.schedulers, opt, 0 if ref is None else ref)
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         only_head = ref is not None and {id(p) for p in opt.param_groups[ref]["params"]} <= {

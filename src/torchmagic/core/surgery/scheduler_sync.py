@@ -87,7 +87,9 @@ def mismatches(scheduler: object, optimizer: torch.optim.Optimizer) -> list[str]
     return wrong
 
 
-def check(schedulers: Iterable[object], optimizer: torch.optim.Optimizer, ref: int) -> None:
+def check_followable(
+    schedulers: Iterable[object], optimizer: torch.optim.Optimizer, ref: int
+) -> None:
     """Refuse, before anything changes, when a new group could not follow the schedule."""
     n = len(optimizer.param_groups)
     for s in schedulers:

@@ -55,7 +55,7 @@ def _is_random_layer(module: nn.Module) -> bool:
     return dropout and isinstance(p, float) and p > 0
 
 
-def check(model: nn.Module, loaders: list[DataLoader]) -> CachedHead:
+def check_cacheable(model: nn.Module, loaders: list[DataLoader]) -> CachedHead:
     """Refuse unless the backbone's output is the same every epoch."""
     head = locate_head(model)
     inside = {id(p) for p in head.module.parameters()}

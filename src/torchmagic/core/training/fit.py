@@ -328,7 +328,7 @@ class _Trainer:
         if plan.cache_features:
             self.cache = _CachedHeadTraining(
                 self,
-                feature_cache.check(
+                feature_cache.check_cacheable(
                     plan.model, [plan.train] + ([plan.val] if plan.val is not None else [])
                 ),
             )
