@@ -43,6 +43,7 @@ from torchmagic.core.devices import hostmem
 from torchmagic.core.devices.estimate import estimate
 from torchmagic.core.devices.memory import breakdown
 from torchmagic.core.devices.pinbench import pinbench
+from torchmagic.core.tensors import state_bytes
 
 TARGET_PCT = 5.0
 MiB = 2**20
@@ -133,7 +134,7 @@ def _freeze_variant(name: str, variant: str, batch: int, size: int, device) -> l
     frozen = [
         p for n, p in model.named_parameters() if n.startswith(("layer1", "layer2", "layer3"))
     ]
-    aside = sum(v.numel() * v.element_size() for p in frozen for v in opt.state[p].values())
+    aside = state_bytes(opt, frozen)
     if variant == "torchmagic":
         Session(model, opt).freeze("layer1-3")
         opt.zero_grad()

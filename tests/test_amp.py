@@ -8,7 +8,7 @@ from torchmagic.core.training.amp import AmpController, choose_dtype
 
 def test_policy_per_device_type(monkeypatch):
     assert choose_dtype("cpu") is torch.bfloat16
-    with pytest.raises(TorchMagicError, match="use %amp on bf16"):
+    with pytest.raises(TorchMagicError, match="use bf16 instead"):
         choose_dtype("cpu", "fp16")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)

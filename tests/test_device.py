@@ -101,7 +101,7 @@ def test_resolve_cpu(spec):
         ("cuda:1", "CUDA is not available"),
         ("mps", "MPS"),
         ("banana", "unknown device"),
-        ("meta", "not a device %device manages"),
+        ("meta", "not a device torchmagic manages"),
     ],
 )
 def test_resolve_refuses_what_is_not_here(spec, words):

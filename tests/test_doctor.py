@@ -115,7 +115,7 @@ def test_unfrozen_but_not_in_the_optimizer(model):
     (finding,) = only(report, "unoptimized")
     assert finding.severity == "error" and "layer4.0.0.weight" in finding.subject
     assert "in no param group of opt" in finding.message and finding.message.startswith("3 ")
-    assert finding.fix.startswith("%unfreeze model.layer4")
+    assert finding.fix.startswith('tm.unfreeze("model.layer4", lr=')
     assert checks(report) == ["unoptimized"]
 
 
@@ -137,7 +137,7 @@ def test_frozen_but_still_in_the_optimizer_with_state(model):
         for v in opt.state[p].values()
     )
     assert finding.nbytes == state and "hold optimizer state" in finding.message
-    assert finding.fix.startswith("%freeze model.layer1")
+    assert finding.fix.startswith('tm.freeze("model.layer1")')
 
 
 def test_frozen_with_zero_grads_keeps_moving(model):
@@ -168,7 +168,7 @@ def test_batchnorm_of_frozen_blocks_in_train_mode(model):
     report = diagnose({"model": model, "opt": opt})
     (finding,) = only(report, "bn-drift")
     assert finding.subject == "model: layer1.0.1" and "1 BatchNorm layer(s)" in finding.message
-    assert finding.fix.startswith("%freeze model.layer1")
+    assert finding.fix.startswith('tm.freeze("model.layer1")')
     model.eval()
     assert "bn-drift" not in checks(diagnose({"model": model, "opt": opt}))
 
@@ -226,7 +226,7 @@ def test_model_trained_off_the_session_device(model):
     assert diagnose(ns, device=torch.device("cpu")).findings == ()
     (finding,) = diagnose(ns, device=META).findings
     assert finding.subject == "model" and "session device is meta" in finding.message
-    assert finding.fix.startswith("%device move model")
+    assert finding.fix.startswith("tm.move moves model") and "model.to('meta')" in finding.fix
 
 
 def test_lazy_modules_do_not_trip_the_scan():

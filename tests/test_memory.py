@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from torchmagic import Session, TorchMagicError
+from torchmagic.core import tensors
 from torchmagic.core.devices import memory
 from torchmagic.core.devices.estimate import estimate, saved_activation_bytes
 from torchmagic.render.memory import cell_line
@@ -249,7 +250,7 @@ def test_unknown_optimizer_is_unknown_until_it_has_state():
     step(model, opt)
     est = estimate(model, opt)
     assert "measured" in est.state_rule
-    assert est.optimizer_state == memory.state_bytes(opt)
+    assert est.optimizer_state == tensors.state_bytes(opt)
 
 
 def test_estimate_refuses_what_is_not_an_optimizer():

@@ -58,20 +58,6 @@ def is_batchnorm(module: nn.Module) -> bool:
     return isinstance(module, (_BatchNorm, FrozenBatchNorm2d))
 
 
-def iter_batchnorms(modules: Iterable[nn.Module]) -> Iterator[nn.Module]:
-    """Every BatchNorm layer inside the given modules, each once."""
-    seen: set[int] = set()
-    for module in modules:
-        for sub in module.modules():
-            if is_batchnorm(sub) and id(sub) not in seen:
-                seen.add(id(sub))
-                yield sub
-
-
-def tensor_bytes(tensors: Iterable) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def parent_of(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     """The parent module and attribute name of the submodule at qualified ``name``."""
     parent_name, _, attr = name.rpartition(".")

@@ -16,16 +16,16 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
-from ..surgery.optimizer_sync import step_stays_on_host
+from ..tensors import nbytes, state_entries
 from . import hostmem
-from .placement import Misplaced, find_misplaced, nbytes
+from .placement import Misplaced, find_misplaced
 
 _CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """One device as ``%device`` lists it."""
+    """One device as :func:`list_devices` reports it."""
 
     name: str  # "cpu", "cuda:0", "mps:0"
     description: str  # processor or GPU model
@@ -94,24 +94,29 @@ def resolve_device(spec: str | torch.device) -> torch.device:
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        raise TorchMagicError(f"unknown device '{spec}': use {_CHOICES}") from None
+        raise TorchMagicError(f"unknown device '{spec}': use {_CHOICES}", param="device") from None
     if device.type == "cpu":
         return torch.device("cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise TorchMagicError(f"{text}: CUDA is not available here ({cuda_note()})")
+            raise TorchMagicError(
+                f"{text}: CUDA is not available here ({cuda_note()})", param="device"
+            )
         count = torch.cuda.device_count()
         index = _cuda_index(device.index)
         if index >= count:
             raise TorchMagicError(
-                f"{text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+                f"{text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}",
+                param="device",
             )
         return torch.device("cuda", index)
     if device.type == "mps":
         if not _mps_available():
-            raise TorchMagicError(f"{text}: MPS (Apple GPU) is not available here")
+            raise TorchMagicError(f"{text}: MPS (Apple GPU) is not available here", param="device")
         return torch.device("mps", 0)
-    raise TorchMagicError(f"{text}: not a device %device manages; use {_CHOICES}")
+    raise TorchMagicError(
+        f"{text}: not a device torchmagic manages; use {_CHOICES}", param="device"
+    )
 
 
 def cuda_note() -> str:
@@ -209,13 +214,9 @@ def _state_bytes_to_move(optimizer: torch.optim.Optimizer | None, device: torch.
     if optimizer is None:
         return 0
     return sum(
-        nbytes(value)
-        for group in optimizer.param_groups
-        for p in group["params"]
-        for key, value in optimizer.state.get(p, {}).items()
-        if isinstance(value, torch.Tensor)
-        and value.device != device
-        and not step_stays_on_host(group, key)
+        nbytes(e.value)
+        for e in state_entries(optimizer)
+        if e.follows_param and e.value.device != device
     )
 
 
@@ -229,7 +230,8 @@ def _check_room(device: torch.device, needed: int) -> None:
     if needed > free + cached:
         raise TorchMagicError(
             f"{device} has {(free + cached) / 2**20:.0f} MiB free, the move needs "
-            f"{needed / 2**20:.0f} MiB; free memory on it first (%gpumem shows where it went)"
+            f"{needed / 2**20:.0f} MiB; free memory on it first (the memory breakdown "
+            "shows where it went)"
         )
 
 
@@ -258,20 +260,10 @@ def _identity_preserving(model: nn.Module, device: torch.device) -> Iterator[Non
 
 def _move_optimizer(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
     """Each state tensor to its parameter's device, replaced in the same dict entry."""
-    moved = tensors = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p)
-            for key, value in (state or {}).items():
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.device != p.device
-                    and not step_stays_on_host(group, key)
-                ):
-                    state[key] = value.to(p.device)
-                    moved += nbytes(value)
-                    tensors += 1
-    return moved, tensors
+    misplaced = [e for e in state_entries(optimizer) if e.misplaced]
+    for e in misplaced:
+        optimizer.state[e.param][e.key] = e.value.to(e.param.device)
+    return sum(nbytes(e.value) for e in misplaced), len(misplaced)
 
 
 def _move_scaler(scaler: torch.amp.GradScaler, device: torch.device) -> tuple[int, int]:

@@ -2,14 +2,14 @@
 trainable parameters, optimizer state by optimizer class, and (optionally) the
 activations backward keeps, measured on one forward pass.
 
-So the saving of a ``%freeze`` shows before a step allocates anything: frozen parameters
+So the saving of a freeze shows before a step allocates anything: frozen parameters
 get no gradient and no optimizer state.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +18,8 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
-from .memory import state_bytes
-from .placement import nbytes, reference_device
+from ..tensors import state_bytes, total_bytes
+from .placement import reference_device
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,15 @@ def _optimizer_class(spec: torch.optim.Optimizer | type | str) -> type:
         cls = getattr(torch.optim, spec, None)
         if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
             known = ", ".join(sorted(RULES))
-            raise TorchMagicError(f"'{spec}' is not a torch.optim optimizer; known: {known}")
+            raise TorchMagicError(
+                f"'{spec}' is not a torch.optim optimizer; known: {known}", param="optimizer"
+            )
         return cls
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         return spec
-    raise TorchMagicError(f"expected an optimizer, its class or name, got {type(spec).__name__}")
+    raise TorchMagicError(
+        f"expected an optimizer, its class or name, got {type(spec).__name__}", param="optimizer"
+    )
 
 
 def _defaults(cls: type, options: Mapping[str, object]) -> dict:
@@ -145,11 +149,8 @@ def _stateful(optimizer: torch.optim.Optimizer, group: Mapping) -> list[nn.Param
     return [p for p in group["params"] if p.requires_grad or p.grad is not None]
 
 
-def _rule_bytes(rule: StateRule, params: Iterable[nn.Parameter]) -> int:
-    params = list(params)
-    return rule.tensors * sum(nbytes(p) for p in params) + rule.scalars * _scalar_bytes() * len(
-        params
-    )
+def _rule_bytes(rule: StateRule, params: Sequence[torch.Tensor]) -> int:
+    return rule.tensors * total_bytes(params) + rule.scalars * _scalar_bytes() * len(params)
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,9 @@ def _state_estimate(
             None,
         )
     held = state_bytes(optimizer, have)
-    ratio = held / sum(nbytes(p) for p in have)
+    ratio = held / total_bytes(have)
     lacking = [p for _, params in groups for p in params if not optimizer.state.get(p)]
-    total = held + idle + round(ratio * sum(nbytes(p) for p in lacking))
+    total = held + idle + round(ratio * total_bytes(lacking))
     return _State(total, f"measured: {ratio:.2f} bytes of state per parameter byte", None, idle)
 
 
@@ -219,7 +220,9 @@ def saved_activation_bytes(
     dtype = floating[0].dtype if floating else torch.get_default_dtype()
     shape = tuple(int(n) for n in input_shape)
     if not shape or any(n < 1 for n in shape):
-        raise TorchMagicError(f"input shape must be positive sizes, got {tuple(input_shape)}")
+        raise TorchMagicError(
+            f"input shape must be positive sizes, got {tuple(input_shape)}", param="input_shape"
+        )
 
     def key(t: torch.Tensor) -> tuple:
         pointer = t.untyped_storage().data_ptr()
@@ -245,7 +248,8 @@ def saved_activation_bytes(
         except Exception as error:  # the user's shape does not fit the model
             raise TorchMagicError(
                 f"forward on a random input of shape {shape} failed: "
-                f"{type(error).__name__}: {error}"
+                f"{type(error).__name__}: {error}",
+                param="input_shape",
             ) from None
         finally:
             with torch.no_grad():
@@ -275,7 +279,7 @@ def estimate(
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]
     state = _state_estimate(real, optimizer, options or {})
-    frozen_bytes = sum(nbytes(p) for p in frozen)
+    frozen_bytes = total_bytes(frozen)
     saving = None
     if optimizer is None:
         saving = frozen_bytes
@@ -284,11 +288,10 @@ def estimate(
     return Estimate(
         model_name=model_name,
         optimizer="" if optimizer is None else _optimizer_class(optimizer).__name__,
-        weights=sum(nbytes(p) for p in params),
-        buffers=sum(nbytes(b) for b in real.buffers()),
+        weights=total_bytes(params),
+        buffers=total_bytes(real.buffers()),
         # trainable ones get one; frozen ones keep a stale one until set to None
-        grads=sum(nbytes(p) for p in trainable)
-        + sum(nbytes(p.grad) for p in frozen if p.grad is not None),
+        grads=total_bytes(trainable) + total_bytes(p.grad for p in frozen if p.grad is not None),
         optimizer_state=state.bytes,
         state_rule=state.description,
         idle_state=state.idle,

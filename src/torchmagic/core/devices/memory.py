@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from ..modules import unwrap
+from ..tensors import nbytes, optimizer_params, state_tensors, total_bytes, unique
 from . import hostmem
-from .placement import nbytes, reference_device
+from .placement import reference_device
 
 
 @dataclass(frozen=True)
@@ -89,32 +90,6 @@ class CellMemory:
         return self.after - self.before
 
 
-def _unique(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    seen: set[int] = set()
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            yield t
-
-
-def state_tensors(
-    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter] | None = None
-) -> Iterator[torch.Tensor]:
-    """Tensors in the optimizer's state (of ``params`` only, when given), each once."""
-    entries = (
-        optimizer.state.values()
-        if params is None
-        else (s for p in params if (s := optimizer.state.get(p)) is not None)
-    )
-    return _unique(v for s in entries for v in s.values() if isinstance(v, torch.Tensor))
-
-
-def state_bytes(
-    optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter] | None = None
-) -> int:
-    return sum(nbytes(t) for t in state_tensors(optimizer, params))
-
-
 def _cuda_used() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
@@ -151,7 +126,7 @@ def traceback_hold() -> tuple[int, int]:
         for v in tb.tb_frame.f_locals.values()
         if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
     )
-    return len(frames), sum(nbytes(t) for t in _unique(held))
+    return len(frames), total_bytes(held)
 
 
 def breakdown(
@@ -164,16 +139,15 @@ def breakdown(
     the optimizer's state on the model's device, with that device's totals."""
     device = _report_device(model)
     real = unwrap(model) if model is not None else None
-    groups = optimizer.param_groups if optimizer is not None else ()
     params = list(
-        _unique(
+        unique(
             itertools.chain(
                 real.parameters() if real is not None else (),
-                (p for g in groups for p in g["params"]),
+                optimizer_params(optimizer) if optimizer is not None else (),
             )
         )
     )
-    buffers = list(_unique(real.buffers())) if real is not None else []
+    buffers = list(unique(real.buffers())) if real is not None else []
     grads = [p.grad for p in params if p.grad is not None]
     state = list(state_tensors(optimizer)) if optimizer is not None else []
     elsewhere = sum(nbytes(t) for t in (*params, *buffers, *grads, *state) if t.device != device)
@@ -242,7 +216,7 @@ class CellWatcher:
 
     Hook :meth:`pre` / :meth:`post` to IPython's ``pre_run_cell`` / ``post_run_cell``.
     The peak needs the device's peak counter, so each cell resets it: while watching,
-    ``%gpumem``'s peak covers the last cell. CUDA is reported once it is in use,
+    the breakdown's peak covers the last cell. CUDA is reported once it is in use,
     the process's resident set before that.
     """
 

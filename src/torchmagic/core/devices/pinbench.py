@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import TorchMagicError
+from ..tensors import leaves, total_bytes
 from .device import cuda_note
 
 # Pinning is recommended when the pinned non_blocking copy is this much faster ...
@@ -43,17 +44,6 @@ class PinReport:
     speedup: float = 0.0  # pageable blocking / pinned non_blocking
     recommend: bool = False
     advice: str = ""
-
-
-def _tensors(batch: object) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (list, tuple)):
-        for item in batch:
-            yield from _tensors(item)
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            yield from _tensors(item)
 
 
 def _is_batch(source: object) -> bool:
@@ -86,17 +76,29 @@ def pinbench(
     target = torch.device(device) if device is not None else torch.device("cuda")
     if target.type != "cuda":
         raise TorchMagicError(
-            f"pinbench measures copies to a CUDA device, and the session device is {target}; "
-            "%device cuda first"
+            f"pinbench measures copies to a CUDA device, and the device is {target}; "
+            "choose a CUDA device",
+            param="device",
         )
     if repeats < 1:
-        raise TorchMagicError(f"repeats must be at least 1, got {repeats}")
+        raise TorchMagicError(f"repeats must be at least 1, got {repeats}", param="repeats")
     loader_pins = getattr(source, "pin_memory", None)
-    batch = source if _is_batch(source) else next(iter(source))
+    if _is_batch(source):
+        batch = source
+    elif isinstance(source, Iterable):
+        batch = next(iter(source))
+    else:
+        raise TorchMagicError(
+            f"expected a DataLoader, an iterable of batches or a batch, got "
+            f"{type(source).__name__}",
+            param="source",
+        )
     # pageable copies, even when the loader already pinned (or the data lives on a GPU)
-    tensors = [t.detach().cpu().clone() for t in _tensors(batch)]
+    tensors = [t.detach().cpu().clone() for t in leaves(batch)]
     if not tensors:
-        raise TorchMagicError(f"the batch is a {type(batch).__name__} with no tensors to copy")
+        raise TorchMagicError(
+            f"the batch is a {type(batch).__name__} with no tensors to copy", param="source"
+        )
 
     def copy(ts: list[torch.Tensor], non_blocking: bool) -> Callable[[], object]:
         return lambda: [t.to(target, non_blocking=non_blocking) for t in ts]
@@ -128,7 +130,7 @@ def pinbench(
         ran=True,
         reason="",
         device=str(target),
-        batch_bytes=sum(t.numel() * t.element_size() for t in tensors),
+        batch_bytes=total_bytes(tensors),
         tensors=len(tensors),
         pageable_ms=pageable_ms,
         pageable_non_blocking_ms=_median_ms(copy(tensors, True), repeats),

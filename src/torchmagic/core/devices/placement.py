@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..modules import parameter_names, unwrap
-from ..surgery.optimizer_sync import step_stays_on_host
+from ..tensors import attribute_tensors, nbytes, state_entries
 
 # How deep a plain attribute is searched for tensors (list of dicts of tensors: 2).
 _ATTR_DEPTH = 3
@@ -47,11 +47,6 @@ class CheckReport:
     misplaced: tuple[Misplaced, ...]
 
 
-def nbytes(t: torch.Tensor) -> int:
-    """Bytes of a tensor's elements; 0 for a lazy module's parameter not yet materialised."""
-    return 0 if is_lazy(t) else t.numel() * t.element_size()
-
-
 def reference_device(model: nn.Module) -> torch.device | None:
     """The device holding most of the model's parameter bytes (buffers if it has none)."""
     model = unwrap(model)
@@ -62,35 +57,6 @@ def reference_device(model: nn.Module) -> torch.device | None:
         for b in model.buffers():
             weights[b.device] += nbytes(b) or 1
     return weights.most_common(1)[0][0] if weights else None
-
-
-def _tensors_in(value: object, path: str, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors in a plain attribute value: itself, or inside lists, tuples and dicts."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif depth and isinstance(value, (list, tuple)) and len(value) <= _ATTR_ITEMS:
-        for i, item in enumerate(value):
-            yield from _tensors_in(item, f"{path}[{i}]", depth - 1)
-    elif depth and isinstance(value, dict) and len(value) <= _ATTR_ITEMS:
-        for key, item in value.items():
-            yield from _tensors_in(item, f"{path}[{key!r}]", depth - 1)
-
-
-def plain_tensor_attributes(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors a module keeps outside ``_parameters`` / ``_buffers``: ``.to()`` skips them.
-
-    Attributes that merely alias a registered tensor (RNN's ``_flat_weights``) are skipped.
-    """
-    model = unwrap(model)
-    registered = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
-    for prefix, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if attr in ("_parameters", "_buffers", "_modules") or isinstance(value, nn.Module):
-                continue
-            qualified = f"{prefix}.{attr}" if prefix else attr
-            for name, tensor in _tensors_in(value, qualified, _ATTR_DEPTH):
-                if id(tensor) not in registered:
-                    yield name, tensor
 
 
 def _attribute_fix(name: str) -> str:
@@ -110,26 +76,19 @@ def _optimizer_misplaced(
     model: nn.Module, optimizer: torch.optim.Optimizer, label: str
 ) -> Iterator[Misplaced]:
     names = parameter_names(model)
-    for gi, group in enumerate(optimizer.param_groups):
-        for pi, p in enumerate(group["params"]):
-            state = optimizer.state.get(p)
-            if not state:
-                continue
-            pname = names.get(id(p), f"<group {gi} param {pi}>")
-            for key, value in state.items():
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.device != p.device
-                    and not step_stays_on_host(group, key)
-                ):
-                    yield Misplaced(
-                        f"{label}.state[{pname}].{key}",
-                        "optimizer state",
-                        str(value.device),
-                        tuple(value.shape),
-                        nbytes(value),
-                        f"%device move (moves optimizer state with its parameter to {p.device})",
-                    )
+    for entry in state_entries(optimizer):
+        if not entry.misplaced:
+            continue
+        p, value = entry.param, entry.value
+        pname = names.get(id(p), f"<group {entry.group_index} param {entry.param_index}>")
+        yield Misplaced(
+            f"{label}.state[{pname}].{entry.key}",
+            "optimizer state",
+            str(value.device),
+            tuple(value.shape),
+            nbytes(value),
+            f"tm.move (moves optimizer state with its parameter to {p.device})",
+        )
 
 
 def find_misplaced(
@@ -148,7 +107,7 @@ def find_misplaced(
         return CheckReport(model_name, None, 0, ())
     found: list[Misplaced] = []
     tensors = 0
-    move_fix = f"%device move (or {model_name}.to('{ref}'))"
+    move_fix = f"tm.move (or {model_name}.to('{ref}'))"
     for name, p in model.named_parameters():
         tensors += 1
         if is_lazy(p):  # no data yet: it is created where the first input is
@@ -174,7 +133,7 @@ def find_misplaced(
             found.append(
                 Misplaced(name, "buffer", str(b.device), tuple(b.shape), nbytes(b), move_fix)
             )
-    for name, t in plain_tensor_attributes(model):
+    for name, t in attribute_tensors(model, depth=_ATTR_DEPTH, max_items=_ATTR_ITEMS):
         tensors += 1
         if t.device != ref:
             found.append(
@@ -201,7 +160,7 @@ def find_misplaced(
                     str(scale.device),
                     tuple(scale.shape),
                     nbytes(scale),
-                    f"%device move (or a new torch.amp.GradScaler('{ref.type}'))",
+                    f"tm.move (or a new torch.amp.GradScaler('{ref.type}'))",
                 )
             )
         elif scale is None and scaler._device != ref.type:

@@ -1,4 +1,4 @@
-"""``%tm doctor``: the classic transfer-learning mistakes, found in the live namespace.
+"""Doctor: the classic transfer-learning mistakes, found in the live namespace.
 
 Each check reads the live objects (models, optimizers, schedulers, GradScalers, the
 session's AMP policy) and reports what is wrong, how bad it is, and a one-line fix. Nothing
@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..devices.memory import state_bytes
 from ..devices.placement import find_misplaced, reference_device
 from ..modules import parameter_names, unwrap
 from ..surgery import scheduler_sync
 from ..surgery.batchnorm import is_held
+from ..tensors import held_ids, leaves, optimizer_params, owners, state_bytes
 from ..workspace import Workspace
 from .compiled import CompileWatch, is_compiled
 
@@ -60,21 +60,17 @@ def _names(names: list[str], shown: int = 3) -> str:
 
 
 def _blocks(model_name: str, param_names: Iterable[str]) -> str:
-    """``%freeze`` / ``%unfreeze`` targets covering these parameters: their top-level
-    blocks (``model.layer1 model.fc``)."""
+    """Freeze / unfreeze targets covering these parameters, as Python arguments: their
+    top-level blocks (``"model.layer1", "model.fc"``)."""
     tops = list(dict.fromkeys(n.split(".")[0] for n in param_names))
-    return " ".join(f"{model_name}.{t}" for t in tops[:4]) + (" …" if len(tops) > 4 else "")
-
-
-def _held(optimizers: list[tuple[str, torch.optim.Optimizer]]) -> set[int]:
-    return {id(p) for _, o in optimizers for g in o.param_groups for p in g["params"]}
+    return ", ".join(f'"{model_name}.{t}"' for t in tops[:4]) + (", …" if len(tops) > 4 else "")
 
 
 # -- 1, 2: parameters and the optimizer ----------------------------------------------
 
 
 def _unoptimized(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
-    held = _held(opts)
+    held = held_ids(o for _, o in opts)
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if not missing:
         return
@@ -85,19 +81,14 @@ def _unoptimized(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
         f"{name}: {_names(missing)}",
         f"{len(missing)} trainable tensor(s) are in no param group of {opt_names}: they get "
         "gradients but never change",
-        f"%unfreeze {_blocks(name, missing)} lr=… (adds them to {opts[0][0]} as a param group)",
+        f"tm.unfreeze({_blocks(name, missing)}, lr=…) (adds them to {opts[0][0]} as a param group)",
     )
 
 
 def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
     names = parameter_names(model)
     for opt_name, opt in opts:
-        inside = [
-            p
-            for g in opt.param_groups
-            for p in g["params"]
-            if id(p) in names and not p.requires_grad
-        ]
+        inside = [p for p in optimizer_params(opt) if id(p) in names and not p.requires_grad]
         graded = [names[id(p)] for p in inside if p.grad is not None]
         if graded:
             yield Finding(
@@ -106,7 +97,7 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
                 f"{name}: {_names(graded)}",
                 f"{len(graded)} frozen tensor(s) in {opt_name} still have a .grad (zeros or "
                 "stale): every step applies it, with momentum and weight decay, so they move",
-                f"%freeze {_blocks(name, graded)} (takes them out of {opt_name}), or "
+                f"tm.freeze({_blocks(name, graded)}) (takes them out of {opt_name}), or "
                 f"{opt_name}.zero_grad(set_to_none=True)",
             )
         stateful = [p for p in inside if opt.state.get(p)]
@@ -116,8 +107,8 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
                 "warning",
                 f"{name}: {_names([names[id(p)] for p in stateful])}",
                 f"{len(stateful)} frozen tensor(s) still in {opt_name} hold optimizer state",
-                f"%freeze {_blocks(name, [names[id(p)] for p in stateful])} "
-                "(frees the state; %tm undo brings it back)",
+                f"tm.freeze({_blocks(name, [names[id(p)] for p in stateful])}) "
+                "(frees the state; tm.undo() brings it back)",
                 state_bytes(opt, stateful),
             )
 
@@ -133,7 +124,7 @@ def _frozen(module: nn.Module) -> bool:
 def _bn_drift(name: str, model: nn.Module) -> Iterator[Finding]:
     """BatchNorm layers of frozen blocks still updating their running statistics: their
     own parameters frozen (or, without affine parameters, their parent's), in train mode,
-    and not held in eval by torchmagic's ``%freeze``."""
+    and not held in eval by torchmagic's freeze."""
     modules = dict(model.named_modules())
     drifting = []
     for qualified, m in modules.items():
@@ -151,8 +142,8 @@ def _bn_drift(name: str, model: nn.Module) -> Iterator[Finding]:
             "warning",
             f"{name}: {_names(drifting)}",
             f"{len(drifting)} BatchNorm layer(s) in frozen blocks are in train mode: their "
-            "running statistics keep moving (ignore if you chose --bn train)",
-            f"%freeze {_blocks(name, drifting)} holds them in eval, also after {name}.train()",
+            "running statistics keep moving (ignore if you chose bn='train')",
+            f"tm.freeze({_blocks(name, drifting)}) holds them in eval, also after {name}.train()",
         )
 
 
@@ -191,7 +182,8 @@ def _off_session_device(name: str, model: nn.Module, device: torch.device) -> It
             "warning",
             name,
             f"{name} is on {where} but the session device is {device}",
-            f"%device move {name} (model, optimizer state and GradScaler together)",
+            f"tm.move moves {name}, its optimizer state and GradScaler together (or "
+            f"{name}.to('{device}'))",
         )
 
 
@@ -211,7 +203,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
                 "warning",
                 "autocast",
                 "fp16 autocast on the CPU: slow, and fp16 needs loss scaling",
-                "%amp on bf16 (bfloat16 keeps fp32's range)",
+                'tm.amp_on("bf16") (bfloat16 keeps fp32\'s range)',
             )
     if not scalers:
         return
@@ -221,7 +213,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
             "warning",
             "GradScaler",
             "a GradScaler with bf16 autocast: bf16 has fp32's range, scaling only costs time",
-            "drop the scaler (or %amp on bf16, which uses none)",
+            'drop the scaler (or tm.amp_on("bf16"), which uses none)',
         )
     for name, model in models.items():
         if _half_params(model):
@@ -231,7 +223,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
                 name,
                 f"{name} was cast to fp16 (.half()) while a GradScaler is active: unscaling "
                 "fp16 gradients fails, and fp16 weights lose small updates",
-                f"{name}.float(), and let autocast run the fp16 maths (%amp on fp16)",
+                f'{name}.float(), and let autocast run the fp16 maths (tm.amp_on("fp16"))',
             )
 
 
@@ -253,11 +245,14 @@ def _schedulers(ws: Workspace, optimizers: list) -> Iterator[Finding]:
                     f"{kind} on {opt_name}",
                     f"{'; '.join(wrong)} for {n} param groups: the next "
                     "scheduler.step() fails or schedules the wrong groups",
-                    f"recreate the scheduler over {opt_name}; %unfreeze/%replace_head keep "
-                    "it in step from then on",
+                    f"recreate the scheduler over {opt_name}; tm.unfreeze / tm.replace_head "
+                    "keep it in step from then on",
                 )
     everything = scheduler_sync.flatten(
-        v for _, value in ws.items() for v in _members(value) if scheduler_sync.is_scheduler(v)
+        v
+        for _, value in ws.items()
+        for v in leaves(value, depth=1, kind=object)
+        if scheduler_sync.is_scheduler(v)
     )
     for s in everything:
         if id(s) not in bound:
@@ -271,26 +266,14 @@ def _schedulers(ws: Workspace, optimizers: list) -> Iterator[Finding]:
             )
 
 
-def _members(value: object) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, dict):
-        return list(value.values())
-    return [value]
-
-
 # -- 7: graphs kept alive ------------------------------------------------------------
 
 
-def _graph_tensors(value: object, depth: int = 2) -> int:
-    if isinstance(value, torch.Tensor):
-        return int(value.grad_fn is not None)
-    if depth and isinstance(value, (list, tuple)):
-        return sum(_graph_tensors(v, depth - 1) for v in value[-LEAK_SCAN_ITEMS:])
-    if depth and isinstance(value, dict):
-        items = list(value.values())[-LEAK_SCAN_ITEMS:]
-        return sum(_graph_tensors(v, depth - 1) for v in items)
-    return 0
+def _graph_tensors(value: object) -> int:
+    """Tensors with a grad_fn in a list or dict of tensors (or of lists / dicts of them),
+    among its newest entries."""
+    found = leaves(value, depth=2, max_items=LEAK_SCAN_ITEMS, newest=True)
+    return sum(t.grad_fn is not None for t in found)
 
 
 def _leaks(ws: Workspace) -> Iterator[Finding]:
@@ -353,7 +336,7 @@ def diagnose(
     device: torch.device | None = None,
 ) -> DoctorReport:
     """Run every check over the namespace and the session's state: its AMP policy and
-    scaler, its device (``%device``; models being trained elsewhere are named) and its
+    scaler, its device (models being trained elsewhere are named) and its
     :class:`CompileWatch` (without one, compiled models cannot be compared to what they
     were; it observes this namespace afterwards)."""
     ws = Workspace(namespace, hidden)  # read only: nothing is resolved or remembered
@@ -367,12 +350,7 @@ def diagnose(
     trained: dict[str, nn.Module] = {}
     for name, value in models.items():
         model = unwrap(value)
-        ids = {id(p) for p in model.parameters()}
-        opts = [
-            (n, o)
-            for n, o in optimizers
-            if any(id(p) in ids for g in o.param_groups for p in g["params"])
-        ]
+        opts = owners(optimizers, model.parameters())
         if opts:
             trained[name] = model
             findings += _unoptimized(name, model, opts)

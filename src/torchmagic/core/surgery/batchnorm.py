@@ -9,7 +9,6 @@ swapped for torchvision's FrozenBatchNorm2d (other BatchNorm kinds fall back to 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -39,10 +38,6 @@ def mode(module: nn.Module) -> str:
     if is_held(module):
         return "held"
     return "train" if module.training else "eval"
-
-
-def mode_counts(modules: Iterable[nn.Module]) -> Counter:
-    return Counter(mode(m) for m in modules if is_batchnorm(m))
 
 
 def _hold(bn: nn.Module, tx: Transaction) -> None:

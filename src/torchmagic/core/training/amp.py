@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import TorchMagicError
+from ..tensors import optimizer_params
 
 MODES = ("auto", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,16 +36,21 @@ def choose_dtype(device_type: str, mode: str = "auto") -> torch.dtype:
     CPU training does not otherwise use; bf16 has the same range as fp32.
     """
     if mode not in MODES:
-        raise TorchMagicError(f"unknown precision '{mode}': choose one of {', '.join(MODES)}")
+        raise TorchMagicError(
+            f"unknown precision '{mode}': choose one of {', '.join(MODES)}", param="mode"
+        )
     if mode == "fp16" and device_type == "cpu":
         raise TorchMagicError(
             "fp16 autocast on the CPU is refused (slow, and it would need a GradScaler); "
-            "use %amp on bf16 instead"
+            "use bf16 instead",
+            param="mode",
         )
     if mode == "auto":
         return torch.bfloat16 if supports_bf16(device_type) else torch.float16
     if mode == "bf16" and not supports_bf16(device_type):
-        raise TorchMagicError(f"this {device_type} device has no bf16 support; use %amp on fp16")
+        raise TorchMagicError(
+            f"this {device_type} device has no bf16 support; use fp16", param="mode"
+        )
     return _DTYPES[mode]
 
 
@@ -124,7 +130,7 @@ class AmpController:
         """
         scaler = self.scaler if self.enabled else None
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        has_grads = any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+        has_grads = any(p.grad is not None for p in optimizer_params(optimizer))
         if has_grads:
             if scaler is not None:
                 scaler.step(optimizer)
@@ -137,7 +143,7 @@ class AmpController:
 
 @contextmanager
 def cell_autocast(controller: AmpController, mode: str | None, device_type: str) -> Iterator[None]:
-    """Autocast for one cell (``%%amp``) without changing the session's policy."""
+    """Autocast for one block (a notebook cell) without changing the session's policy."""
     dtype = choose_dtype(device_type, mode or "auto")
     with controller.autocast(dtype=dtype, device_type=device_type):
         yield
