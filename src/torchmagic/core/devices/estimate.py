@@ -105,14 +105,16 @@ def _scalar_bytes() -> int:
     return 8 if torch.get_default_dtype() == torch.float64 else 4
 
 
-def _rule_for(cls: type) -> Callable[[Mapping], StateRule] | None:
+def _rule_for(cls: type[torch.optim.Optimizer]) -> Callable[[Mapping], StateRule] | None:
     for klass in cls.__mro__:  # a user subclass of AdamW keeps AdamW's state
         if klass.__module__.startswith("torch.optim") and klass.__name__ in RULES:
             return RULES[klass.__name__]
     return None
 
 
-def _optimizer_class(spec: torch.optim.Optimizer | type | str) -> type:
+def _optimizer_class(
+    spec: torch.optim.Optimizer | type[torch.optim.Optimizer] | str,
+) -> type[torch.optim.Optimizer]:
     if isinstance(spec, torch.optim.Optimizer):
         return type(spec)
     if isinstance(spec, str):
@@ -130,7 +132,7 @@ def _optimizer_class(spec: torch.optim.Optimizer | type | str) -> type:
     )
 
 
-def _defaults(cls: type, options: Mapping[str, object]) -> dict:
+def _defaults(cls: type[torch.optim.Optimizer], options: Mapping[str, object]) -> dict:
     """The hyper-parameters a new ``cls(params, **options)`` group would have."""
     signature = inspect.signature(cls.__init__)
     found = {
@@ -163,7 +165,7 @@ class _State:
 
 def _state_estimate(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | type | str | None,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str | None,
     options: Mapping[str, object],
 ) -> _State:
     if optimizer is None:
@@ -261,7 +263,7 @@ def saved_activation_bytes(
 
 def estimate(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | type | str | None = None,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str | None = None,
     input_shape: Sequence[int] | None = None,
     *,
     options: Mapping[str, object] | None = None,

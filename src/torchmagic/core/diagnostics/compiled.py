@@ -7,7 +7,7 @@ model had when torchmagic first saw it is the baseline.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Container, Mapping
+from collections.abc import Container, MutableMapping
 
 from torch import nn
 
@@ -45,7 +45,7 @@ class CompileWatch:
     def __init__(self) -> None:
         self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def observe(self, namespace: Mapping, hidden: Container[str] = ()) -> None:
+    def observe(self, namespace: MutableMapping, hidden: Container[str] = ()) -> None:
         for _, value in Workspace(namespace, hidden).items():
             if isinstance(value, nn.Module) and is_compiled(value) and value not in self._seen:
                 self._seen[value] = _fingerprint(value)

@@ -7,7 +7,7 @@ is changed. A healthy session reports nothing.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -327,7 +327,7 @@ def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
 
 
 def diagnose(
-    namespace: Mapping,
+    namespace: MutableMapping,
     *,
     hidden: Container[str] = (),
     amp: AmpState | None = None,
