@@ -19,7 +19,9 @@ import hashlib
 import inspect
 import warnings
 from collections.abc import Iterable, Iterator
+from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -127,10 +129,10 @@ def _reducer_parameters(ddp: DistributedDataParallel) -> dict[int, nn.Parameter]
 def _arm(ddp: DistributedDataParallel, keep: bool = False) -> None:
     """Record the reducer's parameters (now) and refuse any forward once they change.
     ``keep``: a wrapper armed before keeps its first record (made closer to its build)."""
-    if keep and _TRAINABLE in ddp.__dict__:
-        return
     if _TRAINABLE not in ddp.__dict__:
         ddp.register_forward_pre_hook(_refuse_stale_forward)
+    elif keep:
+        return
     ddp.__dict__[_TRAINABLE] = _reducer_parameters(ddp)
 
 
@@ -138,19 +140,22 @@ def _retire(ddp: DistributedDataParallel) -> None:
     """The old wrapper lets go of the parameters' autograd hooks and refuses to run."""
     if hasattr(ddp, "_remove_autograd_hooks"):
         ddp._remove_autograd_hooks()
-    if _TRAINABLE not in ddp.__dict__:
-        ddp.register_forward_pre_hook(_refuse_stale_forward)
-    ddp.__dict__[_TRAINABLE] = {}
+    _arm(ddp, keep=True)
+    ddp.__dict__[_TRAINABLE] = {}  # drop the references to replaced parameters
     ddp.__dict__[_RETIRED] = True
 
 
-def _refuse_stale_forward(ddp: DistributedDataParallel, args: tuple) -> None:
+def _refuse_stale_forward(ddp: DistributedDataParallel, _inputs: tuple) -> None:
     if ddp.__dict__.get(_RETIRED):
         raise TorchMagicError(
             "this DistributedDataParallel was replaced by torchmagic.rewrap: "
             "use the wrapper rewrap returned"
         )
-    if _reducer_parameters(ddp).keys() != ddp.__dict__[_TRAINABLE].keys():
+    # without grad the reducer takes no part: evaluating a stale wrapper is harmless
+    if (
+        torch.is_grad_enabled()
+        and _reducer_parameters(ddp).keys() != ddp.__dict__[_TRAINABLE].keys()
+    ):
         raise TorchMagicError(
             "the trainable parameters changed since this DistributedDataParallel was built, "
             "so its gradients would no longer be averaged across ranks: make the same change "
@@ -170,10 +175,10 @@ def _not_rewrappable(ddp: DistributedDataParallel) -> str | None:
     return None
 
 
-def _settings(ddp: DistributedDataParallel) -> dict[str, object]:
+def _settings(ddp: DistributedDataParallel) -> dict[str, Any]:
     """The constructor arguments ``ddp`` was made with, read back from its attributes
     (the ones this torch's DistributedDataParallel accepts)."""
-    settings: dict[str, object] = {
+    settings: dict[str, Any] = {
         "device_ids": ddp.device_ids,
         "output_device": ddp.output_device,
         "dim": ddp.dim,
