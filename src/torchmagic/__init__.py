@@ -16,6 +16,7 @@ from .core import (
     SessionConfig,
     SummaryReport,
     TorchMagicError,
+    rewrap,
 )
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "__version__",
     "load_ipython_extension",
     "notebook_session",
+    "rewrap",
     "unload_ipython_extension",
 ]
 

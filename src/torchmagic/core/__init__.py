@@ -1,5 +1,6 @@
 """The engine: plain Python + torch, no IPython, no rich. Also the public scripting API."""
 
+from .distributed import rewrap
 from .errors import TorchMagicError
 from .session import Session, SessionConfig
 from .surgery.results import (
@@ -23,4 +24,5 @@ __all__ = [
     "SummaryReport",
     "SummaryRow",
     "TorchMagicError",
+    "rewrap",
 ]

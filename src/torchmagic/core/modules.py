@@ -11,16 +11,26 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The user's real model behind ``torch.compile`` and (Distributed)DataParallel."""
+def wrapper_chain(module: nn.Module) -> Iterator[nn.Module]:
+    """``module``, then each model it wraps: ``torch.compile``'s ``_orig_mod``,
+    (Distributed)DataParallel's ``.module``, FSDP1's ``_fsdp_wrapped_module``."""
     while True:
+        yield module
         inner = getattr(module, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            inner = getattr(module, "_fsdp_wrapped_module", None)
         if isinstance(inner, nn.Module):
             module = inner
         elif isinstance(module, _WRAPPERS):
             module = module.module
         else:
-            return module
+            return
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The user's real model behind ``torch.compile``, (Distributed)DataParallel and FSDP1."""
+    *_, real = wrapper_chain(module)
+    return real
 
 
 def walk(model: nn.Module) -> Iterator[nn.Module]:

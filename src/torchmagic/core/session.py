@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from . import distributed
 from .errors import TorchMagicError
 from .modules import unwrap
 from .surgery import edits, scheduler_sync
@@ -115,6 +116,7 @@ class Session:
         dry_run: bool,
         step: Callable[[Transaction], Effect],
     ) -> Change:
+        notes = distributed.check_surgery(action, target.model, self.workspace.items())
         before = count(target.model)
         groups_before = group_keys(target.optimizer)
         tx = Transaction()
@@ -123,6 +125,7 @@ class Session:
         except BaseException:
             tx.revert()
             raise
+        effect = replace(effect, notes=effect.notes + notes)
         change = Change(
             action=action,
             command=command,
