@@ -1,8 +1,11 @@
+import pytest
 import torch
 import torchvision
 from torch import nn
+from torch.optim import lr_scheduler
 
 from torchmagic import Session
+from torchmagic.core.surgery.counting import describe_groups
 
 
 def test_rows_counts_state_groups(trained):
@@ -13,9 +16,14 @@ def test_rows_counts_state_groups(trained):
     report = tm.summary(depth=1)
     rows = {r.name: r for r in report.rows}
     assert rows["model"].state == "partial"
-    assert rows["layer1"].state == "frozen" and rows["layer1"].bn == "held 4"
-    assert rows["layer4"].state == "trainable" and rows["layer4"].groups == "layer4"
-    assert rows["layer4"].lr == "0.0001"
+    assert rows["layer1"].state == "frozen" and rows["layer1"].bn == {"held": 4}
+    assert rows["layer1"].groups == ()
+    (layer4_group,) = rows["layer4"].groups
+    assert opt.param_groups[layer4_group]["params"][0] is model.layer4[0].conv1.weight
+    assert report.groups[layer4_group].name == "layer4"
+    assert report.lrs(rows["layer4"]) == (1e-4,)
+    assert set(rows["model"].groups) == {0, layer4_group}
+    assert rows["model"].bn == {"held": 4 + 5 + 5, "train": 1 + 5}  # layer1-3 | bn1, layer4
     assert rows["layer2"].params == sum(p.numel() for p in model.layer2.parameters())
     assert rows["relu"].state == ""
     assert report.counts.total == sum(p.numel() for p in model.parameters())
@@ -50,3 +58,58 @@ def test_summary_does_not_change_anything(trained):
     Session(model, opt).summary(depth=3)
     assert flags == [p.requires_grad for p in model.parameters()]
     assert not torch.cuda.is_initialized()
+
+
+def _stepped(make_scheduler, steps: int = 3):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    scheduler = make_scheduler(opt)
+    for _ in range(steps):
+        opt.step()
+        scheduler.step(*([1.0] if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau) else []))
+    return model, opt, scheduler
+
+
+@pytest.mark.parametrize(
+    ("make_scheduler", "base_of"),
+    [
+        (lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, 5), lambda g, s: g["initial_lr"]),
+        (lambda o: lr_scheduler.StepLR(o, 2, 0.5), lambda g, s: 0.1),
+        (lambda o: lr_scheduler.OneCycleLR(o, 0.5, total_steps=10), lambda g, s: 0.5),
+        (lambda o: lr_scheduler.CyclicLR(o, 0.01, 0.3, step_size_up=4), lambda g, s: 0.3),
+        (lambda o: lr_scheduler.ReduceLROnPlateau(o, patience=0), lambda g, s: None),
+    ],
+)
+def test_groups_carry_lr_now_base_lr_and_scheduler(make_scheduler, base_of):
+    _, opt, scheduler = _stepped(make_scheduler)
+    (info,) = describe_groups(opt, schedulers=[scheduler])
+    group = opt.param_groups[0]
+    assert info.lr == group["lr"] and info.weight_decay == 0.01
+    assert info.base_lr == base_of(group, scheduler)
+    assert info.schedulers == (type(scheduler).__name__,)
+    assert describe_groups(opt)[0].base_lr is None  # no schedule known: the lr now is the base
+
+
+def test_sequential_scheduler_is_named_once_by_its_parent():
+    _, opt, _ = _stepped(lambda o: lr_scheduler.StepLR(o, 1, 0.5), steps=0)
+    warmup = lr_scheduler.LinearLR(opt, 0.1, total_iters=2)
+    cosine = lr_scheduler.CosineAnnealingLR(opt, 5)
+    chain = lr_scheduler.SequentialLR(opt, [warmup, cosine], milestones=[2])
+    (info,) = describe_groups(opt, schedulers=[chain, warmup, cosine])
+    assert info.schedulers == ("SequentialLR",)
+
+
+def test_session_reports_the_bound_schedulers(trained):
+    model, opt = trained
+    scheduler = lr_scheduler.CosineAnnealingWarmRestarts(opt, 10)
+    for _ in range(9):
+        scheduler.step()
+    tm = Session(model, opt, schedulers=[scheduler])
+    change = tm.freeze("layer1")
+    assert [g.schedulers for g in change.groups] == [("CosineAnnealingWarmRestarts",)]
+    assert change.groups[0].base_lr == opt.param_groups[0]["initial_lr"] == 1e-3
+    assert change.groups[0].lr == opt.param_groups[0]["lr"] < 1e-4
+    (summary_group,) = tm.summary(depth=0).groups
+    assert summary_group.base_lr == 1e-3 and summary_group.weight_decay == 0.05
+    undone = tm.undo()
+    assert undone.groups[0].schedulers == ("CosineAnnealingWarmRestarts",)

@@ -134,7 +134,7 @@ class Session:
             before=before,
             after=count(target.model),
             optimizer_name=target.optimizer_name,
-            groups=describe_groups(target.optimizer, groups_before),
+            groups=describe_groups(target.optimizer, groups_before, target.schedulers),
             dry_run=dry_run,
         )
         if dry_run:
@@ -268,6 +268,7 @@ class Session:
             model_name=label,
             optimizer=target.optimizer,
             optimizer_name=target.optimizer_name,
+            schedulers=target.schedulers,
             depth=self.config.summary_depth if depth is None else depth,
             max_rows=self.config.summary_max_rows,
         )
@@ -294,7 +295,9 @@ class Session:
             command=f"undo {record.change.command}",
             before=before,
             after=count(model),
-            groups=describe_groups(opt, groups_before),
+            groups=describe_groups(
+                opt, groups_before, self.workspace.schedulers(opt) if opt is not None else ()
+            ),
         )
 
     # -- training --------------------------------------------------------------------

@@ -1,8 +1,30 @@
-"""The render layer: every rich renderable lives here, one module per concern."""
+"""The render layer: every rich renderable lives here, one module per concern.
 
-from .base import Rendered, human, human_bytes
-from .surgery import change, history, manifest_help, message, summary
+``render(result, width)`` is the one entry point: it dispatches on the result's type to
+the drawing function registered below, so the table of what draws what is in one place.
+The per-type functions stay importable for callers that already hold the type.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from rich.text import Text
+
+from ..core.devices.device import DeviceReport, MoveReport
+from ..core.devices.estimate import Estimate
+from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
+from ..core.devices.pinbench import PinReport
+from ..core.devices.placement import CheckReport
+from ..core.diagnostics.doctor import DoctorReport
+from ..core.surgery.results import Change, CommandHistory, SummaryReport
+from ..core.training.amp import AmpStatus
+from ..core.training.fit import FitHistory
+from . import device, doctor, memory, surgery, training
+from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
+from .surgery import ManifestHelp, change, history, manifest_help, message, summary
 from .training import (
+    FitRuns,
     HistoryView,
     NotebookProgress,
     TerminalProgress,
@@ -11,19 +33,68 @@ from .training import (
     fits,
 )
 
+
+@singledispatch
+def render(result: object, width: int | None = None) -> Rendered:
+    """Draw any engine result (or a plain message string) as text and HTML."""
+    raise TypeError(f"nothing renders a {type(result).__name__}")
+
+
+def _command_history(result: CommandHistory, width: int | None = None) -> Rendered:
+    return surgery.history(result.entries, width)
+
+
+def _fit_runs(result: FitRuns, width: int | None = None) -> Rendered:
+    return training.fits(result.runs, width)
+
+
+def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
+    return surgery.manifest_help(result.manifest, width)
+
+
+def _cell_memory(result: CellMemory, width: int | None = None) -> Rendered:
+    return Rendered(Text(memory.cell_line(result)), width)
+
+
+for _type, _draw in (
+    (str, surgery.message),
+    (Change, surgery.change),
+    (SummaryReport, surgery.summary),
+    (CommandHistory, _command_history),
+    (ManifestHelp, _manifest_help),
+    (FitHistory, training.fit_history),
+    (FitRuns, _fit_runs),
+    (AmpStatus, training.amp_status),
+    (DeviceReport, device.devices),
+    (MoveReport, device.moved),
+    (CheckReport, device.misplaced),
+    (PinReport, device.pin_report),
+    (MemoryReport, memory.memory),
+    (ResetReport, memory.reset),
+    (Estimate, memory.estimate),
+    (CellMemory, _cell_memory),
+    (DoctorReport, doctor.doctor),
+):
+    render.register(_type, _draw)
+
 __all__ = [
+    "DEFAULT_WIDTH",
+    "FitRuns",
     "HistoryView",
+    "ManifestHelp",
     "NotebookProgress",
     "Rendered",
     "TerminalProgress",
     "amp_status",
+    "change",
     "fit_history",
     "fits",
-    "change",
     "history",
     "human",
     "human_bytes",
+    "lr",
     "manifest_help",
     "message",
+    "render",
     "summary",
 ]

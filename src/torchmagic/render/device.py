@@ -20,7 +20,7 @@ def _yes_no(flag: bool | None) -> str:
     return {True: "yes", False: "no", None: "?"}[flag]
 
 
-def devices(report: DeviceReport, width: int = 100) -> Rendered:
+def devices(report: DeviceReport, width: int | None = None) -> Rendered:
     drawn = table(
         "devices",
         (
@@ -70,7 +70,7 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
     return drawn
 
 
-def moved(report: MoveReport, width: int = 100) -> Rendered:
+def moved(report: MoveReport, width: int | None = None) -> Rendered:
     if not report.tensors:
         title = Text(f"`{report.model_name}` is already on {report.device}: nothing to move")
         if not report.left_behind:
@@ -92,7 +92,7 @@ def moved(report: MoveReport, width: int = 100) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
-def misplaced(report: CheckReport, width: int = 100) -> Rendered:
+def misplaced(report: CheckReport, width: int | None = None) -> Rendered:
     if report.reference is None:
         return Rendered(Text(f"`{report.model_name}` has no tensors", style="dim"), width)
     if not report.misplaced:
@@ -111,7 +111,7 @@ def misplaced(report: CheckReport, width: int = 100) -> Rendered:
     return Rendered(Group(head, _misplaced_table(report.misplaced, None)), width)
 
 
-def pin_report(report: PinReport, width: int = 100) -> Rendered:
+def pin_report(report: PinReport, width: int | None = None) -> Rendered:
     if not report.ran:
         return Rendered(Text(report.reason), width)
     drawn = table(

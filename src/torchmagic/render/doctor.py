@@ -11,7 +11,7 @@ from .base import Rendered, human_bytes, table
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def doctor(report: DoctorReport, width: int = 100) -> Rendered:
+def doctor(report: DoctorReport, width: int | None = None) -> Rendered:
     scanned = "scanned: " + (", ".join(report.scanned) or "nothing (no models or optimizers)")
     if not report.findings:
         return Rendered(Group(Text("no problems found", style="bold green"), Text(scanned)), width)

@@ -19,7 +19,7 @@ def _signed(n: int) -> str:
     return ("+" if n >= 0 else "-") + human_bytes(abs(n))
 
 
-def memory(report: MemoryReport, width: int = 100) -> Rendered:
+def memory(report: MemoryReport, width: int | None = None) -> Rendered:
     whose = f" of `{report.model_name}`" if report.model_name else ""
     drawn = _table(f"memory on {report.device}{whose}")
     rows = (
@@ -68,7 +68,7 @@ def memory(report: MemoryReport, width: int = 100) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
-def estimate(est: Estimate, width: int = 100) -> Rendered:
+def estimate(est: Estimate, width: int | None = None) -> Rendered:
     opt = f" with {est.optimizer}" if est.optimizer else ""
     drawn = _table(f"estimate for one training step of `{est.model_name}`{opt}")
     drawn.add_row("weights", human_bytes(est.weights), "")
@@ -106,7 +106,7 @@ def estimate(est: Estimate, width: int = 100) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
-def reset(report: ResetReport, width: int = 100) -> Rendered:
+def reset(report: ResetReport, width: int | None = None) -> Rendered:
     peaks = ", ".join(report.peaks) if report.peaks else "none (not supported here)"
     parts: list[RenderableType] = [Text(f"peak counters reset: {peaks}")]
     if report.frames_dropped:

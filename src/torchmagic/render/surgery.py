@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
-from .base import Rendered, human, human_bytes, table
+from .base import Rendered, human, human_bytes, lr, table
 
 _STATE_STYLE = {"trainable": "green", "frozen": "cyan", "partial": "yellow"}
 _STATUS_STYLE = {"new": "bold green", "changed": "yellow"}
@@ -22,7 +22,22 @@ def _names(modules: Sequence[str], shown: int = 6) -> str:
     return ", ".join(modules[:shown]) + f" … and {len(modules) - shown} more"
 
 
-def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Table:
+def _group_lr(group: GroupInfo) -> str:
+    """The lr now, with the base lr the schedule scales when it differs."""
+    if group.base_lr is None or group.base_lr == group.lr:
+        return lr(group.lr)
+    return f"base {lr(group.base_lr)} · now {lr(group.lr)}"
+
+
+def _schedulers(names: Sequence[str]) -> str:
+    return " + ".join(names)
+
+
+def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[RenderableType]:
+    """The groups table, and which schedulers step the lrs: one line under it when every
+    group shares them, else beside each group's lr."""
+    shared = {g.schedulers for g in groups}
+    per_group = len(shared) > 1
     drawn = table(
         f"optimizer `{optimizer_name}` param groups",
         [
@@ -36,18 +51,31 @@ def _groups_table(groups: Sequence[GroupInfo], optimizer_name: str | None) -> Ta
         ],
     )
     for g in groups:
+        rate = _group_lr(g)
+        if per_group and g.schedulers:
+            rate += f" ({_schedulers(g.schedulers)})"
         wd = "" if g.weight_decay is None else f"{g.weight_decay:g}"
         params = human(g.numel) if g.tensors else "(empty)"
         drawn.add_row(
             str(g.index),
             g.name,
-            f"{g.lr:.3g}",
+            rate,
             wd,
             str(g.tensors),
             params,
             Text(g.status, style=_STATUS_STYLE.get(g.status, "")),
         )
-    return drawn
+    parts: list[RenderableType] = [drawn]
+    if not per_group and groups[0].schedulers:
+        parts.append(Text(f"lr schedule: {_schedulers(groups[0].schedulers)}", style="dim"))
+    return parts
+
+
+def _lr_range(lrs: Sequence[float]) -> str:
+    if not lrs:
+        return ""
+    low, high = min(lrs), max(lrs)
+    return lr(low) if low == high else f"{lr(low)}…{lr(high)}"
 
 
 def _bn_text(modes: Mapping[str, int]) -> Text | None:
@@ -63,7 +91,7 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
     return Text("BatchNorm: " + "; ".join(parts), style="magenta")
 
 
-def change(change: Change, width: int = 100) -> Rendered:
+def change(change: Change, width: int | None = None) -> Rendered:
     verb = {
         "freeze": "froze",
         "unfreeze": "unfroze",
@@ -97,13 +125,13 @@ def change(change: Change, width: int = 100) -> Rendered:
     for note in change.effect.notes:
         parts.append(Text(note, style="dim"))
     if change.groups:
-        parts.append(_groups_table(change.groups, change.optimizer_name))
+        parts += _groups(change.groups, change.optimizer_name)
     elif change.optimizer_name is None:
         parts.append(Text("no optimizer bound to this model", style="dim"))
     return Rendered(Group(*parts), width)
 
 
-def summary(report: SummaryReport, width: int = 100) -> Rendered:
+def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     drawn = table(
         f"{report.model_name} ({report.model_kind})",
         [
@@ -123,9 +151,9 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
             row.kind,
             human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
-            row.bn,
-            row.groups,
-            row.lr,
+            " ".join(f"{mode} {n}" for mode, n in row.bn.items()),
+            ", ".join(report.groups[i].name for i in row.groups),
+            _lr_range(report.lrs(row)),
         )
     c = report.counts
     parts: list[RenderableType] = [drawn]
@@ -141,11 +169,11 @@ def summary(report: SummaryReport, width: int = 100) -> Rendered:
         )
     )
     if report.groups:
-        parts.append(_groups_table(report.groups, report.optimizer_name))
+        parts += _groups(report.groups, report.optimizer_name)
     return Rendered(Group(*parts), width)
 
 
-def history(entries: Sequence[HistoryEntry], width: int = 100) -> Rendered:
+def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Rendered:
     if not entries:
         return Rendered(Text("no commands yet", style="dim"), width)
     drawn = table(
@@ -163,7 +191,14 @@ def history(entries: Sequence[HistoryEntry], width: int = 100) -> Rendered:
     return Rendered(drawn, width)
 
 
-def manifest_help(manifest: Mapping, width: int = 100) -> Rendered:
+@dataclass(frozen=True)
+class ManifestHelp:
+    """The extension's manifest (``manifest.load_manifest()``), shown as the help table."""
+
+    manifest: Mapping
+
+
+def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     drawn = table(
         f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
         [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
@@ -177,5 +212,5 @@ def manifest_help(manifest: Mapping, width: int = 100) -> Rendered:
     return Rendered(drawn, width)
 
 
-def message(text: str, width: int = 100) -> Rendered:
+def message(text: str, width: int | None = None) -> Rendered:
     return Rendered(Text(text), width)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, NewLine, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -16,7 +17,7 @@ from rich.text import Text
 
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
-from .base import Rendered, human, table
+from .base import DEFAULT_WIDTH, Rendered, human, lr, table
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -28,7 +29,7 @@ def _pct(value: float | None) -> str:
 
 
 def _lrs(lrs: Sequence[float]) -> str:
-    return ", ".join(f"{lr:.2g}" for lr in lrs)
+    return ", ".join(lr(value) for value in lrs)
 
 
 def _epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
@@ -59,9 +60,9 @@ def _step_text(info: StepInfo) -> str:
 def _step_line(info: StepInfo) -> RenderableType:
     if not info.batches:
         return Text(_step_text(info))
-    return Group(
-        ProgressBar(total=info.batches, completed=info.batch, width=40), Text(_step_text(info))
-    )
+    # a ProgressBar ends without a newline: without one the text would follow on its line
+    bar = ProgressBar(total=info.batches, completed=info.batch, width=40)
+    return Group(bar, NewLine(), Text(_step_text(info)))
 
 
 class NotebookProgress:
@@ -69,7 +70,7 @@ class NotebookProgress:
 
     refresh_seconds = 0.5
 
-    def __init__(self, show: Callable[[Rendered], Any], width: int = 100) -> None:
+    def __init__(self, show: Callable[[Rendered], Any], width: int | None = None) -> None:
         self.width = width
         self.last: StepInfo | None = None
         self.epochs: list[EpochMetrics] = []
@@ -103,7 +104,7 @@ class TerminalProgress:
 
     refresh_seconds = 0.5
 
-    def __init__(self, width: int = 100, console: Console | None = None) -> None:
+    def __init__(self, width: int = DEFAULT_WIDTH, console: Console | None = None) -> None:
         self.console = console or Console(
             width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
         )
@@ -186,15 +187,25 @@ class HistoryView(Rendered):
     the chart to its HTML."""
 
     def __init__(
-        self, renderable: RenderableType, histories: Sequence[FitHistory], width: int = 100
+        self, renderable: RenderableType, histories: Sequence[FitHistory], width: int | None = None
     ) -> None:
         super().__init__(renderable, width)
         self.histories = tuple(histories)
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+    def _repr_mimebundle_(
+        self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
+    ) -> dict[str, str]:
         bundle = super()._repr_mimebundle_(include, exclude)
-        bundle["text/html"] += _chart(self.histories)
+        if "text/html" in bundle:
+            bundle["text/html"] += _chart(self.histories)
         return bundle
+
+
+@dataclass(frozen=True)
+class FitRuns:
+    """Every %fit run of a session, oldest first: what ``render`` compares side by side."""
+
+    runs: tuple[FitHistory, ...]
 
 
 def _ending(h: FitHistory) -> Text:
@@ -203,7 +214,7 @@ def _ending(h: FitHistory) -> Text:
     return Text("completed", style="green")
 
 
-def fit_history(history: FitHistory, width: int = 100) -> HistoryView:
+def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
     title = (
         f"{history.label} · {history.model_name} · {history.precision}"
         + (" · cached features" if history.cached_features else "")
@@ -215,11 +226,11 @@ def fit_history(history: FitHistory, width: int = 100) -> HistoryView:
     )
 
 
-def fits(histories: Sequence[FitHistory], width: int = 100) -> HistoryView:
+def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
     """Every %fit of the session side by side: one column per run."""
     if not histories:
         return HistoryView(Text("no %fit runs yet", style="dim"), [], width)
-    drawn = table("%fit runs", [("", "left")] + [(h.label, "right") for h in histories])
+    drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)])
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
         ("model", [h.model_name for h in histories]),
@@ -239,7 +250,7 @@ def fits(histories: Sequence[FitHistory], width: int = 100) -> HistoryView:
     return HistoryView(drawn, histories, width)
 
 
-def amp_status(status: AmpStatus, width: int = 100) -> Rendered:
+def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
     if not status.enabled:
         head = Text("AMP off", style="bold")
     else:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
+from torch.optim import lr_scheduler as torch_schedulers
 
 from ..modules import walk
 from .optimizer_sync import group_label
 from .results import Counts, GroupInfo
+from .scheduler_sync import roots
 
 GroupKey = tuple[int, tuple[int, ...], float, float | None]
 
@@ -50,11 +54,31 @@ def group_keys(optimizer: torch.optim.Optimizer | None) -> dict[int, GroupKey]:
     return {id(g): group_key(g) for g in optimizer.param_groups}
 
 
+def base_lr(group: dict, index: int, schedulers: Sequence[object]) -> float | None:
+    """The lr the schedule scales for this group: ``initial_lr``, or the peak for
+    OneCycleLR (group ``max_lr``) and CyclicLR (``max_lrs``). None without a schedule,
+    and under ReduceLROnPlateau alone, where the lr now is the base."""
+    scheduled = False
+    for s in schedulers:
+        if isinstance(s, torch_schedulers.OneCycleLR):
+            return group.get("max_lr")
+        if isinstance(s, torch_schedulers.CyclicLR):
+            return float(s.max_lrs[index])
+        scheduled = scheduled or not isinstance(s, torch_schedulers.ReduceLROnPlateau)
+    return group.get("initial_lr") if scheduled else None
+
+
 def describe_groups(
-    optimizer: torch.optim.Optimizer | None, before: dict[int, GroupKey] | None = None
+    optimizer: torch.optim.Optimizer | None,
+    before: dict[int, GroupKey] | None = None,
+    schedulers: Sequence[object] = (),
 ) -> tuple[GroupInfo, ...]:
+    """Each group's lr now and base lr, weight decay, size, the schedulers stepping it
+    (``schedulers``: those bound to ``optimizer``, children included) and, given the
+    ``before`` fingerprints, whether the command added or changed it."""
     if optimizer is None:
         return ()
+    stepped_by = tuple(type(s).__name__ for s in roots(schedulers))
     infos = []
     for i, g in enumerate(optimizer.param_groups):
         status = ""
@@ -72,6 +96,8 @@ def describe_groups(
                 tensors=len(g["params"]),
                 numel=sum(p.numel() for p in g["params"]),
                 status=status,
+                base_lr=base_lr(g, i, schedulers),
+                schedulers=stepped_by,
             )
         )
     return tuple(infos)

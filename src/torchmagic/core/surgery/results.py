@@ -1,4 +1,7 @@
-"""Frozen result objects: what the engine returns and the render layer draws."""
+"""Frozen result objects: what the engine returns and the render layer draws.
+
+They hold numbers, counts, indices and plain identifiers, never formatted text: how a
+value reads (``1e-4``, ``12.3M``, ``held 4``) is the render layer's choice."""
 
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ class GroupInfo:
 
     index: int
     name: str
-    lr: float
+    lr: float  # the lr right now, as the next optimizer step will use it
     weight_decay: float | None
     tensors: int
     numel: int
     status: str = ""  # "new", "changed" or "" (as before the command)
+    base_lr: float | None = None  # what the schedule scales (``initial_lr``); None: no schedule
+    schedulers: tuple[str, ...] = ()  # class names of the schedulers stepping it, outermost
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,8 @@ class SummaryRow:
     params: int
     trainable: int
     state: str  # "trainable", "frozen", "partial" or "" (no parameters)
-    bn: str  # BatchNorm mode(s) inside, e.g. "held 4" or ""
-    groups: str  # optimizer groups holding its parameters, "" when none
-    lr: str
+    bn: Mapping[str, int]  # BatchNorm layers inside by mode ("held", "frozen", "eval", "train")
+    groups: tuple[int, ...]  # indices of the optimizer groups holding its parameters
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,11 @@ class SummaryReport:
     depth: int
     counts: Counts
     optimizer_name: str | None
-    groups: tuple[GroupInfo, ...]
+    groups: tuple[GroupInfo, ...]  # every group of the optimizer, ``groups[i].index == i``
+
+    def lrs(self, row: SummaryRow) -> tuple[float, ...]:
+        """The lrs (now) of the groups holding ``row``'s parameters."""
+        return tuple(self.groups[i].lr for i in row.groups)
 
 
 @dataclass(frozen=True)
@@ -97,3 +105,10 @@ class HistoryEntry:
     model_name: str
     modules: tuple[str, ...]
     live: bool  # False once the variable was rebound to another model: cannot be undone
+
+
+@dataclass(frozen=True)
+class CommandHistory:
+    """The session's mutating commands, oldest first."""
+
+    entries: tuple[HistoryEntry, ...]

@@ -9,6 +9,7 @@ row budget instead of flooding the notebook.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from torch import nn
 from ..modules import is_batchnorm
 from . import batchnorm
 from .counting import count, describe_groups
-from .optimizer_sync import group_index, group_label
+from .optimizer_sync import group_index
 from .results import SummaryReport, SummaryRow
 
 _BN_ORDER = ("held", "frozen", "eval", "train")
@@ -30,24 +31,18 @@ def _state(params: int, trainable: int) -> str:
     return "frozen" if trainable == 0 else "partial"
 
 
-def _lr_text(lrs: set[float]) -> str:
-    if not lrs:
-        return ""
-    if len(lrs) == 1:
-        return f"{next(iter(lrs)):.3g}"
-    return f"{min(lrs):.3g}…{max(lrs):.3g}"
-
-
 def summarize(
     model: nn.Module,
     *,
     model_name: str,
     optimizer: torch.optim.Optimizer | None = None,
     optimizer_name: str | None = None,
+    schedulers: Sequence[object] = (),
     depth: int = 2,
     max_rows: int = 60,
 ) -> SummaryReport:
-    """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``."""
+    """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``.
+    ``schedulers``: those bound to ``optimizer``, to tell each group's base lr."""
     named = list(model.named_modules())
     while depth > 0 and sum(1 for n, _ in named if not n or n.count(".") < depth) > max_rows:
         depth -= 1
@@ -59,7 +54,6 @@ def summarize(
         return name
 
     where = group_index(optimizer) if optimizer is not None else {}
-    groups = optimizer.param_groups if optimizer is not None else []
     numel: dict[str, int] = defaultdict(int)
     trainable: dict[str, int] = defaultdict(int)
     in_groups: dict[str, set[int]] = defaultdict(set)
@@ -87,7 +81,6 @@ def summarize(
     for name, module in named:
         if name not in keep:
             continue
-        gi = sorted(in_groups[name])
         modes = bn[name]
         rows.append(
             SummaryRow(
@@ -97,9 +90,8 @@ def summarize(
                 params=numel[name],
                 trainable=trainable[name],
                 state=_state(numel[name], trainable[name]),
-                bn=" ".join(f"{m} {modes[m]}" for m in _BN_ORDER if modes[m]),
-                groups=", ".join(group_label(groups[i], i) for i in gi),
-                lr=_lr_text({float(groups[i]["lr"]) for i in gi}),
+                bn={m: modes[m] for m in _BN_ORDER if modes[m]},
+                groups=tuple(sorted(in_groups[name])),
             )
         )
     hidden = max(0, len(rows) - max_rows)
@@ -111,5 +103,5 @@ def summarize(
         depth=depth,
         counts=count(model),
         optimizer_name=optimizer_name,
-        groups=describe_groups(optimizer),
+        groups=describe_groups(optimizer, schedulers=schedulers),
     )

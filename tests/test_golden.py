@@ -1,0 +1,447 @@
+"""Golden-file tests: every renderer, on a fixed result, at width 100, as ``text/plain``.
+
+Each case builds a deterministic result (by hand, or from a tiny model where the engine's
+own numbers are the point), renders it with ``render.render(result, width=100)`` and
+compares the text with ``tests/golden/<case>.txt``. After an intended change of the
+output, regenerate the files and review their diff::
+
+    TORCHMAGIC_UPDATE_GOLDEN=1 pytest tests/test_golden.py
+
+A missing golden file is written on first run and the test fails, so it is never
+silently accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchmagic import Session, render
+from torchmagic.core.devices.device import DeviceInfo, DeviceReport, MoveReport
+from torchmagic.core.devices.estimate import Estimate
+from torchmagic.core.devices.memory import CellMemory, MemoryReport, ResetReport
+from torchmagic.core.devices.pinbench import PinReport
+from torchmagic.core.devices.placement import CheckReport, Misplaced
+from torchmagic.core.diagnostics.doctor import DoctorReport, Finding
+from torchmagic.core.surgery.results import (
+    Change,
+    CommandHistory,
+    Counts,
+    Effect,
+    GroupInfo,
+    HistoryEntry,
+)
+from torchmagic.core.training.amp import AmpStatus
+from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
+
+GOLDEN = Path(__file__).parent / "golden"
+WIDTH = 100
+UPDATE = os.environ.get("TORCHMAGIC_UPDATE_GOLDEN") == "1"
+
+
+# -- tiny live model -----------------------------------------------------------------
+
+
+def _block(channels: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(channels, channels, 3, bias=False), nn.BatchNorm2d(channels))
+
+
+def _tiny() -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = nn.Sequential(
+        OrderedDict(
+            stem=nn.Conv2d(3, 8, 3),
+            layer1=_block(8),
+            layer2=_block(8),
+            pool=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, 4),
+        )
+    )
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+
+def _freeze_live() -> Change:
+    model, opt = _tiny()
+    return Session(model, opt).freeze("layer1-2", command="%freeze layer1-2")
+
+
+def _summary_live():
+    model, opt = _tiny()
+    tm = Session(model, opt)
+    tm.freeze("layer1-2")
+    tm.unfreeze("layer2", lr=1e-4)
+    return tm.summary(depth=2)
+
+
+def _dry_run_live() -> Change:
+    model, opt = _tiny()
+    return Session(model, opt).freeze("layer1", dry_run=True, command="%freeze layer1 --dry-run")
+
+
+def _undo_live() -> Change:
+    model, opt = _tiny()
+    tm = Session(model, opt)
+    tm.freeze("layer1", command="%freeze layer1")
+    return tm.undo()
+
+
+# -- hand-built results ----------------------------------------------------------------
+
+_COUNTS_BEFORE = Counts(
+    total=11_689_512, trainable=2_775_040, tensors=62, param_bytes=0, buffer_bytes=0
+)
+_COUNTS_AFTER = Counts(
+    total=11_689_512, trainable=11_166_912, tensors=62, param_bytes=0, buffer_bytes=0
+)
+
+
+def _unfreeze_scheduled() -> Change:
+    """lr=1e-4 under a warm-restart cosine nine steps in: base and now differ."""
+    groups = (
+        GroupInfo(0, "head", 2.45e-5, 0.0, 2, 513_000, "", 1e-3, ("CosineAnnealingWarmRestarts",)),
+        GroupInfo(
+            1, "layer4", 2.45e-6, 0.05, 12, 8_393_728, "new", 1e-4, ("CosineAnnealingWarmRestarts",)
+        ),
+        GroupInfo(
+            2,
+            "layer4 · no_decay",
+            2.45e-6,
+            0.0,
+            6,
+            5_120,
+            "new",
+            1e-4,
+            ("CosineAnnealingWarmRestarts",),
+        ),
+    )
+    return Change(
+        action="unfreeze",
+        command="%unfreeze layer4 lr=1e-4",
+        model_name="model",
+        effect=Effect(("layer4",), 8_398_848, 0, {"train": 5}),
+        before=_COUNTS_BEFORE,
+        after=_COUNTS_AFTER,
+        optimizer_name="optimizer",
+        groups=groups,
+    )
+
+
+def _mixed_schedules() -> Change:
+    """Groups stepped by different schedulers show them beside each lr."""
+    groups = (
+        GroupInfo(0, "0", 0.01, None, 2, 100, "", 0.1, ("OneCycleLR",)),
+        GroupInfo(1, "1", 0.001, None, 2, 100, "changed", None, ("ReduceLROnPlateau",)),
+        GroupInfo(2, "2", 0.0, None, 0, 0, "", None, ()),
+    )
+    return Change(
+        action="replace_head",
+        command="%replace_head fc 10",
+        model_name="net",
+        effect=Effect(("fc",), 5_130, 0, {}, ("new head: Linear(512, 10) on cpu float32",)),
+        before=_COUNTS_BEFORE,
+        after=_COUNTS_AFTER,
+        optimizer_name="opt",
+        groups=groups,
+    )
+
+
+def _no_optimizer() -> Change:
+    return Change(
+        action="freeze",
+        command="%freeze features.0-6",
+        model_name="net",
+        effect=Effect(
+            tuple(f"features.{i}" for i in range(9)),
+            1_234_567,
+            2_097_152,
+            {"held": 3, "frozen": 1},
+        ),
+        before=_COUNTS_AFTER,
+        after=_COUNTS_BEFORE,
+        optimizer_name=None,
+        groups=(),
+    )
+
+
+def _history() -> CommandHistory:
+    return CommandHistory(
+        (
+            HistoryEntry(
+                1,
+                "%freeze [weird] layer1-3",
+                "freeze",
+                "model",
+                ("layer1", "layer2", "layer3"),
+                True,
+            ),
+            HistoryEntry(2, "%replace_head auto 10", "replace_head", "old", ("fc",), False),
+        )
+    )
+
+
+def _manifest() -> ManifestHelp:
+    return ManifestHelp(
+        {
+            "name": "torchmagic",
+            "version": "0.0.0",
+            "load": "%load_ext torchmagic",
+            "magics": [
+                {
+                    "name": "freeze",
+                    "kind": "line",
+                    "usage": "%freeze TARGET... [--dry-run]",
+                    "summary": "Stop training the named blocks.",
+                    "example": "%freeze layer1-3",
+                },
+                {
+                    "name": "amp",
+                    "kind": "cell",
+                    "usage": "%%amp [MODE]",
+                    "summary": "Run one cell under autocast.",
+                    "example": "%%amp bf16",
+                },
+            ],
+        }
+    )
+
+
+def _epochs() -> tuple[EpochMetrics, ...]:
+    return (
+        EpochMetrics(1, 1.2345678, 1.1, 0.5, 512, 2.0, (1e-3, 1e-4)),
+        EpochMetrics(2, 0.87654, None, None, 512, 1.6, (5e-4, 5e-5)),
+    )
+
+
+def _fit(label: str = "fit 1", stopped: str | None = None, cached: bool = False) -> FitHistory:
+    return FitHistory(
+        label,
+        "model",
+        _epochs(),
+        steps=16,
+        samples=1024,
+        seconds=3.6,
+        stopped=stopped,
+        cached_features=cached,
+        precision="bf16",
+    )
+
+
+def _devices() -> DeviceReport:
+    return DeviceReport(
+        devices=(
+            DeviceInfo("cpu", "AMD EPYC", "", None, 68_719_476_736, False, "16 threads", False),
+            DeviceInfo(
+                "cuda:0",
+                "NVIDIA H200",
+                "9.0",
+                140 * 2**30,
+                141 * 2**30,
+                True,
+                "132 multiprocessors",
+                True,
+            ),
+        ),
+        current="cuda:0",
+        notes=("CUDA initialised by this command",),
+    )
+
+
+_STRAY = (
+    Misplaced("anchors", "attribute", "cpu", (4, 2), 32, "register it as a buffer"),
+    Misplaced(
+        "optimizer.state[fc.weight].exp_avg",
+        "optimizer state",
+        "cuda:0",
+        (),
+        4,
+        "move the optimizer state",
+    ),
+)
+
+
+def _moved() -> MoveReport:
+    return MoveReport("model", "cuda:0", 46_800_000, 0, 93_600_000, 4, 124, _STRAY[:1])
+
+
+def _pin() -> PinReport:
+    return PinReport(
+        True,
+        "",
+        "cuda:0",
+        25_165_824,
+        2,
+        4.0,
+        3.9,
+        1.2,
+        0.6,
+        2.5,
+        20,
+        False,
+        6.7,
+        True,
+        "use pin_memory=True and non_blocking=True: 6.7x faster copies",
+    )
+
+
+def _memory_cuda() -> MemoryReport:
+    return MemoryReport(
+        "model",
+        "cuda:0",
+        "cuda allocator",
+        44_000_000,
+        2_000_000,
+        38_000,
+        44_000_000,
+        88_000_000,
+        1_024,
+        300_000_000,
+        400_000_000,
+        350_000_000,
+        100 * 2**30,
+        141 * 2**30,
+        3,
+        12_000_000,
+    )
+
+
+def _memory_meta() -> MemoryReport:
+    return MemoryReport(None, "meta", "", 100, 0, 0, 0, 0, 0, None, None, None, None, None, 0, 0)
+
+
+def _estimate() -> Estimate:
+    return Estimate(
+        "model",
+        "AdamW",
+        46_800_000,
+        38_000,
+        34_000_000,
+        68_000_000,
+        "2 tensors per parameter (exp_avg, exp_avg_sq) + step",
+        1_000_000,
+        120_000_000,
+        (32, 3, 224, 224),
+        8_500_000,
+        3_189_000,
+        38_000_000,
+    )
+
+
+def _estimate_unknown() -> Estimate:
+    return Estimate("net", "", 400, 0, 400, None, "unknown optimizer", 0, None, None, 100, 0, None)
+
+
+def _doctor() -> DoctorReport:
+    return DoctorReport(
+        findings=(
+            Finding(
+                "stale-optimizer",
+                "error",
+                "optimizer",
+                "holds none of model's parameters",
+                "re-create the optimizer",
+            ),
+            Finding(
+                "idle-state",
+                "warning",
+                "optimizer",
+                "frozen parameters keep state",
+                "free it",
+                4_194_304,
+            ),
+            Finding("amp", "info", "session", "bf16 available", "turn AMP on"),
+        ),
+        scanned=("model", "optimizer"),
+    )
+
+
+class _Handle:
+    def update(self, rendered: render.Rendered) -> None:
+        self.shown = rendered
+
+
+def _progress() -> render.Rendered:
+    handle = _Handle()
+    progress = NotebookProgress(lambda r: handle, WIDTH)
+    progress.on_step(StepInfo(1, 2, 5, 5, 8, 1234.5, 0.98765, (1e-3, 1e-4)))
+    progress.on_epoch(_epochs()[0])
+    return handle.shown
+
+
+CASES: dict[str, Callable[[], object]] = {
+    "change_freeze": _freeze_live,
+    "change_dry_run": _dry_run_live,
+    "change_undo": _undo_live,
+    "change_unfreeze_scheduled": _unfreeze_scheduled,
+    "change_mixed_schedules": _mixed_schedules,
+    "change_no_optimizer": _no_optimizer,
+    "summary": _summary_live,
+    "history": _history,
+    "history_empty": lambda: CommandHistory(()),
+    "manifest_help": _manifest,
+    "message": lambda: "current model: model",
+    "fit_history": _fit,
+    "fit_history_stopped": lambda: _fit(stopped="reached max_steps=16", cached=True),
+    "fits": lambda: FitRuns((_fit(), _fit("fit 2", stopped="interrupted"))),
+    "fits_empty": lambda: FitRuns(()),
+    "amp_off": lambda: AmpStatus(False, None, "cpu", False, None),
+    "amp_fp16": lambda: AmpStatus(True, "float16", "cuda", True, 65536.0, "GradScaler created"),
+    "amp_bf16": lambda: AmpStatus(True, "bfloat16", "cuda", False, None),
+    "devices": _devices,
+    "moved": _moved,
+    "moved_nothing": lambda: MoveReport("model", "cpu", 0, 0, 0, 0, 0, ()),
+    "moved_nothing_left_behind": lambda: MoveReport("model", "cpu", 0, 0, 0, 0, 0, _STRAY[:1]),
+    "misplaced": lambda: CheckReport("model", "cuda:0", 130, _STRAY),
+    "misplaced_none": lambda: CheckReport("model", "cuda:0", 130, ()),
+    "misplaced_no_tensors": lambda: CheckReport("model", None, 0, ()),
+    "pinbench": _pin,
+    "pinbench_not_ran": lambda: PinReport(False, "no CUDA device: pinned memory cannot help"),
+    "memory": _memory_cuda,
+    "memory_meta": _memory_meta,
+    "memory_reset": lambda: ResetReport(("cuda:0",), 3, 12_000_000),
+    "memory_reset_none": lambda: ResetReport((), 0, 0),
+    "memory_cell": lambda: CellMemory("cuda:0", 1_000_000, 3_000_000, 5_000_000),
+    "estimate": _estimate,
+    "estimate_unknown": _estimate_unknown,
+    "doctor": _doctor,
+    "doctor_clean": lambda: DoctorReport((), ()),
+}
+
+
+def _rendered(case: str) -> render.Rendered:
+    if case == "notebook_progress":
+        return _progress()
+    return render.render(CASES[case](), width=WIDTH)
+
+
+@pytest.mark.parametrize("case", [*CASES, "notebook_progress"])
+def test_golden(case: str) -> None:
+    bundle = _rendered(case)._repr_mimebundle_()
+    text = bundle["text/plain"]
+    assert "<pre" in bundle["text/html"]
+    assert all(line == line.rstrip() for line in text.splitlines()), "trailing spaces"
+    assert max(len(line) for line in text.splitlines()) <= WIDTH
+    golden = GOLDEN / f"{case}.txt"
+    if UPDATE or not golden.exists():
+        GOLDEN.mkdir(exist_ok=True)
+        golden.write_text(text + "\n", encoding="utf-8")
+        if not UPDATE:
+            pytest.fail(f"wrote missing golden file {golden.name}: review it and rerun")
+    assert text + "\n" == golden.read_text(encoding="utf-8")
+
+
+def test_every_registered_type_has_a_case() -> None:
+    registered = set(render.render.registry) - {object}
+    covered = {type(factory()) for factory in CASES.values()}
+    assert registered <= covered, registered - covered
+
+
+def test_unregistered_type_is_refused() -> None:
+    with pytest.raises(TypeError, match="nothing renders a dict"):
+        render.render({"not": "a result"})
