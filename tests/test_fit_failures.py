@@ -5,10 +5,10 @@ import itertools
 
 import pytest
 import torch
-from test_fit import loaders, mlp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from test_fit import loaders, mlp
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.training import fit as fit_module
 from torchmagic.core.training.fit import StopReason

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from test_fit import mlp
 from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
+from test_fit import mlp
 from torchmagic import Session
 from torchmagic.core.training.amp import AmpController
 from torchmagic.core.training.fit import FitPlan, FitStart, fit
@@ -58,9 +58,7 @@ def run(scheduler_for, epochs=3, lr=0.1, **fit_args):
 
 def test_transformers_linear_warmup_is_stepped_per_batch():
     transformers = pytest.importorskip("transformers")
-    opt, sched, rec, history = run(
-        lambda o: transformers.get_linear_schedule_with_warmup(o, 6, 18)
-    )
+    opt, sched, rec, history = run(lambda o: transformers.get_linear_schedule_with_warmup(o, 6, 18))
     assert history.steps == 18 and sched.last_epoch == 18
     assert rec.step_lrs[0] == 0.0 and rec.step_lrs[1] > 0.0  # leaves 0 after step 1
     assert rec.step_lrs[6] == pytest.approx(0.1)  # the top of the warmup
@@ -88,9 +86,7 @@ def test_one_cycle_per_batch_and_step_lr_per_epoch_in_one_run():
     one_cycle = S.OneCycleLR(opt, max_lr=0.1, total_steps=18)
     step_lr = S.StepLR(opt, 1)
     rec = Recorder(opt)
-    Session(model, opt, schedulers=[one_cycle, step_lr]).fit(
-        six_batches(), epochs=2, observer=rec
-    )
+    Session(model, opt, schedulers=[one_cycle, step_lr]).fit(six_batches(), epochs=2, observer=rec)
     assert one_cycle.last_epoch == 12 and step_lr.last_epoch == 2
     assert [(c.name, c.every) for c in rec.start.schedules] == [
         ("OneCycleLR", "batch"),
@@ -119,14 +115,25 @@ def timm_plan(t_in_epochs: bool):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     t_initial = 3 if t_in_epochs else 3 * BATCHES
     sched = timm_scheduler.CosineLRScheduler(
-        opt, t_initial=t_initial, warmup_t=1 if t_in_epochs else 4, warmup_lr_init=0.01,
-        lr_min=0.001, t_in_epochs=t_in_epochs,
+        opt,
+        t_initial=t_initial,
+        warmup_t=1 if t_in_epochs else 4,
+        warmup_lr_init=0.01,
+        lr_min=0.001,
+        t_in_epochs=t_in_epochs,
     )
     rec = Recorder(opt)
     plan = FitPlan(
-        model=model, model_name="model", optimizer=opt, schedulers=[sched],
-        loss_fn=torch.nn.functional.cross_entropy, device=torch.device("cpu"),
-        amp=AmpController(), train=six_batches(), epochs=3, observer=rec,
+        model=model,
+        model_name="model",
+        optimizer=opt,
+        schedulers=[sched],
+        loss_fn=torch.nn.functional.cross_entropy,
+        device=torch.device("cpu"),
+        amp=AmpController(),
+        train=six_batches(),
+        epochs=3,
+        observer=rec,
     )
     return plan, sched, rec
 
@@ -166,3 +173,21 @@ def test_a_second_fit_continues_a_timm_schedule():
     for _ in range(3):
         fit(plan)
     assert rec.step_lrs == pytest.approx(expected_timm_lrs(False, 3))
+
+
+def test_the_first_line_of_the_run_says_when_each_scheduler_steps():
+    import io
+
+    from rich.console import Console
+
+    from torchmagic import render
+
+    out = io.StringIO()
+    progress = render.TerminalProgress(console=Console(file=out, width=200))
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    one_cycle = S.OneCycleLR(opt, max_lr=0.1, total_steps=6)
+    Session(model, opt, schedulers=[one_cycle]).fit(six_batches(), observer=progress)
+    first = out.getvalue().splitlines()[0]
+    assert "fit 1 · model · fp32 · 1 epoch" in first
+    assert "OneCycleLR per batch (counts optimizer steps)" in first

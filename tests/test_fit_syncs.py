@@ -3,9 +3,9 @@ only. Counted on the CPU by patching every Tensor method that copies a value to 
 
 import pytest
 import torch
+
 from test_fit import mlp
 from test_fit_failures import clock  # noqa: F401  (fixture)
-
 from torchmagic import Session
 
 # Ways a tensor's value reaches the host as a Python value; on a GPU each one waits for

@@ -108,7 +108,9 @@ class FeatureStore:
         self.features: torch.Tensor | None = None
         self.targets: torch.Tensor | None = None
 
-    def _allocate(self, features: torch.Tensor, targets: torch.Tensor) -> None:
+    def _allocate(
+        self, features: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         per_sample = features[0].numel() * features.element_size()
         where = torch.device("cpu")
         if self.device.type == "cuda":
@@ -125,15 +127,21 @@ class FeatureStore:
         self.targets = torch.empty(
             (self.size, *targets.shape[1:]), dtype=targets.dtype, device=where, pin_memory=pin
         )
+        return self.features, self.targets
 
     def put(self, indices: list[int], features: torch.Tensor, targets: torch.Tensor) -> None:
-        if self.features is None:
-            self._allocate(features, targets)
-        index = torch.as_tensor(indices, device=self.features.device)
-        self.features[index] = features.detach().to(self.features.device)
-        self.targets[index] = targets.to(self.targets.device)
+        if self.features is None or self.targets is None:
+            stored_features, stored_targets = self._allocate(features, targets)
+        else:
+            stored_features, stored_targets = self.features, self.targets
+        index = torch.as_tensor(indices, device=stored_features.device)
+        stored_features[index] = features.detach().to(stored_features.device)
+        stored_targets[index] = targets.to(stored_targets.device)
 
     def get(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored features and targets of ``indices``, on the training device."""
+        if self.features is None or self.targets is None:
+            raise RuntimeError("FeatureStore.get before any put")
         index = torch.as_tensor(indices, device=self.features.device)
         blocking = self.features.device == self.device
         return (

@@ -302,9 +302,10 @@ def _score(pairs: Iterable[tuple[Any, torch.Tensor]], loss_fn: Callable):
     seen, counted = 0, True
     for output, targets in pairs:
         total = total + loss_fn(output, targets).detach().float() * len(targets)
-        batch_hits = _accuracy_hits(output, targets)
-        counted = counted and batch_hits is not None
-        if counted:
+        batch_hits = _accuracy_hits(output, targets) if counted else None
+        if batch_hits is None:
+            counted = False
+        else:
             hits = hits + batch_hits
         seen += len(targets)
     if not seen:
