@@ -2,6 +2,8 @@
 its first step (issue 13.4); the non-finite-loss stop without a per-step sync (issue 9.3)."""
 
 import itertools
+import os
+import signal
 
 import pytest
 import torch
@@ -204,3 +206,42 @@ def test_bad_sched_step_is_refused():
     train, _ = loaders()
     tm = Session(model, opt)
     _unchanged(model, opt, lambda: tm.fit(train, sched_step="step"), "sched_step", "sched_step")
+
+
+def ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_mid_step_finishes_that_step_and_stops():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    calls = itertools.count(1)
+
+    def loss(output, target):
+        if next(calls) == 3:
+            ctrl_c()
+        return nn.functional.cross_entropy(output, target)
+
+    train, _ = loaders()
+    tm = Session(namespace={"model": model, "optimizer": opt, "loss": loss})
+    history = tm.fit(train, loss="loss", epochs=2)
+    assert history.steps == 3 and history.stop_reason is StopReason.INTERRUPTED
+    assert len(opt.state) == 6  # the step that saw Ctrl-C completed, momentum and all
+
+
+def test_ctrl_c_during_validation_trains_no_further_step():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train, val = loaders()
+
+    def interrupting_val():
+        ctrl_c()
+        yield from val
+
+    class Val:
+        def __iter__(self):
+            return interrupting_val()
+
+    history = Session(model, opt).fit(train, val=Val(), epochs=3)
+    assert history.steps == len(train) and history.stop_reason is StopReason.INTERRUPTED
+    assert history.epochs[0].val_loss is not None

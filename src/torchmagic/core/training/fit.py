@@ -607,19 +607,20 @@ class _Trainer:
         start = last_check = last_redraw = perf_counter()
         iterator = self.source.batches(epoch)
         while True:
+            if self.interrupt_requested:  # Ctrl-C during the last step or the validation
+                self._stopping(
+                    StopReason.INTERRUPTED, f"interrupted; the last completed step is {self.steps}"
+                )
+                break
             try:
                 forward, inputs, targets = next(iterator)
                 self._step(forward, inputs, targets)
             except StopIteration:
                 complete = True
                 break
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # raised where no handler could defer it
                 self.interrupt_requested = True
-            if self.interrupt_requested:
-                self._stopping(
-                    StopReason.INTERRUPTED, f"interrupted; the last completed step is {self.steps}"
-                )
-                break
+                continue
             samples += len(targets)
             self.samples += len(targets)
             batch_index += 1

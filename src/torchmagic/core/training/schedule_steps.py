@@ -87,12 +87,14 @@ class _Stepper:
         self.scheduler = scheduler
         self.every = every
 
-    def advance(self, loss: float) -> None:
+    def advance(self, loss: float | None) -> None:
         self.scheduler.step()  # type: ignore[attr-defined]
 
 
 class _PlateauStepper(_Stepper):
-    def advance(self, loss: float) -> None:
+    """Only ever stepped per epoch, with a loss."""
+
+    def advance(self, loss: float | None) -> None:
         self.scheduler.step(loss)  # type: ignore[attr-defined]
 
 
@@ -100,7 +102,7 @@ class _TimmStepper(_Stepper):
     """timm's ``t`` counts what the scheduler is stepped by: ``step(t)`` reads it as
     epochs when ``t_in_epochs``, ``step_update(t)`` as updates otherwise."""
 
-    def advance(self, loss: float) -> None:
+    def advance(self, loss: float | None) -> None:
         t = _TIMM_CLOCKS.get(self.scheduler, 0) + 1
         _TIMM_CLOCKS[self.scheduler] = t
         if self.scheduler.t_in_epochs:  # type: ignore[attr-defined]
@@ -120,7 +122,7 @@ class SchedulePlan:
     def after_step(self) -> None:
         """After each optimizer step: no loss is passed (none is read per step)."""
         for stepper in self.per_batch:
-            stepper.advance(float("nan"))
+            stepper.advance(None)
 
     def after_epoch(self, loss: float) -> None:
         """After each complete epoch, with the loss ReduceLROnPlateau reads."""
