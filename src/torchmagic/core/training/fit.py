@@ -276,7 +276,7 @@ def _ctrl_c_requests_stop(request_stop: Callable[[], None]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: request_stop())
+    previous = signal.signal(signal.SIGINT, lambda *_: request_stop())
     try:
         yield
     finally:
