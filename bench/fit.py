@@ -30,6 +30,11 @@ upsampled bilinearly to 32 or 64 px, normalised, repeated to 3 channels, split 8
 4. **GPU** (only when ``torch.cuda.is_available()``): resnet50 at 64 px for a few hundred
    steps in fp32, fp16 + GradScaler and bf16; checks that the loss stays finite and
    decreases, and reports samples/s against fp32.
+5. **GPU throughput** (only with CUDA): resnet50 at 128 px, batch 64, bf16 autocast, SGD
+   momentum, batches already on the GPU, 150 steps per run, median of 3 alternated runs
+   of each variant: a hand loop with no host sync (no ``loss.item()``: the bar),
+   ``Session.fit`` and the whole ``%fit`` magic (live progress and final view included).
+   Targets: ``Session.fit`` >= 0.98x and ``%fit`` >= 0.97x the hand loop's samples/s.
 
 The machine may be shared: the load average is printed, timings show median and min, and
 the ratio rows also give the median of per-repeat paired ratios, best against best, the
@@ -69,6 +74,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import resnet18, resnet50
 
 from torchmagic import Session, render
+from torchmagic.core.training.fit import StopReason
 
 BATCH = 64
 LR = 0.01
@@ -78,6 +84,9 @@ RATIO_TARGET = 0.97
 SPEEDUP_TARGET = 5.0
 ACCURACY_POINTS = 1.0
 GPU_STEPS = 300
+GPU_RUN_STEPS = 150
+GPU_ENGINE_TARGET = 0.98
+GPU_MAGIC_TARGET = 0.97
 VERDICTS = {True: "PASS", False: "FAIL", None: "SKIP"}
 
 
@@ -682,8 +691,9 @@ def gpu(
         _sync(device)
         wall = time.perf_counter() - start
         losses = [m.train_loss for m in history.epochs]
-        finite = all(math.isfinite(v) for v in losses) and not (
-            history.stopped and not history.stopped.startswith("reached")
+        finite = (
+            all(math.isfinite(v) for v in losses)
+            and history.stop_reason is not StopReason.NON_FINITE_LOSS
         )
         decreasing = finite and losses[-1] < losses[0]
         rates[mode] = history.samples / wall
@@ -711,6 +721,129 @@ def gpu(
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     section.lines.append(
         f"device {name}; {steps} steps per mode after 10 warm-up steps on a throwaway copy"
+    )
+    return section, checks
+
+
+# -- 5. GPU throughput against a sync-free hand loop -------------------------------------
+
+
+def sync_free_steps(
+    model: nn.Module, optimizer, batches, steps: int, device_type: str, dtype: torch.dtype
+) -> int:
+    """The bar: forward under autocast, backward, step, zero_grad; nothing read back."""
+    model.train()
+    seen = done = 0
+    while done < steps:
+        for x, y in batches:
+            with torch.autocast(device_type, dtype=dtype):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            seen += len(y)
+            done += 1
+            if done == steps:
+                break
+    return seen
+
+
+def gpu_throughput(
+    quick: bool,
+    device: torch.device | None = None,
+    arch: Callable[..., nn.Module] = resnet50,
+    px: int = 128,
+    steps: int | None = None,
+    repeat: int = 3,
+) -> tuple[Section, list[Check]]:
+    """Session.fit and the %fit magic against the sync-free hand loop, bf16 autocast
+    (``device``, ``arch``, ``px`` and ``steps`` are for trying this code on the CPU)."""
+    from IPython.utils.capture import capture_output
+
+    section = Section(
+        f"5. GPU throughput: {arch.__name__}, digits {px} px, batch {BATCH}, bf16 autocast, "
+        "SGD momentum, batches on the device, against a hand loop without host syncs"
+    )
+    if device is None:
+        if not torch.cuda.is_available():
+            section.lines.append("no CUDA device: skipped")
+            return section, [Check("GPU throughput: no CUDA device: skipped", None)]
+        device = torch.device("cuda")
+    steps = steps or (30 if quick else GPU_RUN_STEPS)
+    train, _ = digits(px)
+    batches = DeviceBatches(train.tensors[0].to(device), train.tensors[1].to(device), BATCH)
+    epochs = math.ceil(steps / len(batches))
+    torch.manual_seed(0)
+    model = arch(weights=None, num_classes=10).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    tm = Session(model, optimizer)
+    tm.amp_on("bf16")
+    ip = _shell()
+    ip.push({"model": model, "optimizer": optimizer, "batches": batches})
+    with capture_output():
+        ip.run_cell("%amp on bf16").raise_error()
+    magic_session = ip.magics_manager.registry["TorchMagics"].session
+
+    def hand() -> int:
+        return sync_free_steps(model, optimizer, batches, steps, device.type, torch.bfloat16)
+
+    def engine() -> int:
+        return tm.fit(batches, epochs=epochs, max_steps=steps).samples
+
+    def magic() -> int:
+        before = len(magic_session.fits)
+        with capture_output():
+            result = ip.run_cell(f"%fit batches --epochs {epochs} --max-steps {steps}")
+        result.raise_error()
+        if len(magic_session.fits) != before + 1:
+            raise RuntimeError("%fit did not run")
+        return magic_session.fits[-1].samples
+
+    variants = {"sync-free hand loop": hand, "Session.fit": engine, "%fit magic": magic}
+    for call in variants.values():  # warm-up: kernels, cuDNN autotuning, imports
+        call()
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for i in range(repeat):
+        for name in names[i % 3 :] + names[: i % 3]:
+            _sync(device)
+            start = time.perf_counter()
+            samples = variants[name]()
+            _sync(device)
+            rates[name].append(samples / (time.perf_counter() - start))
+    hand_rates = rates["sync-free hand loop"]
+    hand_rate = statistics.median(hand_rates)
+    checks = []
+    targets = {"Session.fit": GPU_ENGINE_TARGET, "%fit magic": GPU_MAGIC_TARGET}
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        row = Row(
+            name,
+            f"{rate:.0f}",
+            f"{min(values):.0f}",
+            "samples/s",
+            "1.000x (ref)",
+            note=f"{len(values)} runs of {steps} steps",
+        )
+        if name in targets:
+            ratio = rate / hand_rate
+            paired = statistics.median(v / h for v, h in zip(values, hand_rates, strict=True))
+            row.ratio = f"{ratio:.3f}x hand"
+            row.target, row.check = f">= {targets[name]}", ratio >= targets[name]
+            row.note += f"; paired {paired:.3f}x"
+            checks.append(
+                Check(
+                    f"GPU {name} = {ratio:.3f} x the sync-free hand loop "
+                    f"(target >= {targets[name]})",
+                    row.check,
+                )
+            )
+        section.rows.append(row)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    section.lines.append(
+        f"device {name}; {len(batches)} batches per epoch; order rotated each repeat; "
+        "each run after one untimed warm-up run of every variant; the device is synchronised "
+        "around every timed run"
     )
     return section, checks
 
@@ -766,6 +899,9 @@ def main(argv: list[str] | None = None) -> int:
     checks += found
     cpu_bf16(args.quick, repeat).print()
     section, found = gpu(args.quick)
+    section.print()
+    checks += found
+    section, found = gpu_throughput(args.quick)
     section.print()
     checks += found
 

@@ -40,6 +40,7 @@ from .surgery.transaction import Transaction
 from .training.amp import AmpController, AmpStatus
 from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
 from .training.fit import fit as run_fit
+from .training.schedule_steps import SchedStep
 from .workspace import Workspace
 
 
@@ -351,9 +352,12 @@ class Session:
         cache_features: bool = False,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
+        sched_step: SchedStep | None = None,
     ) -> FitHistory:
         """Train the (current) model on ``train`` with its optimizer, its schedulers and
-        the AMP policy; returns the history, which the session also keeps in ``fits``."""
+        the AMP policy; returns the history, which the session also keeps in ``fits``.
+        ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
+        instead of each one's own (see ``core.training.schedule_steps``)."""
         if epochs < 1:
             raise TorchMagicError(f"--epochs must be at least 1, got {epochs}")
         if max_steps is not None and max_steps < 1:
@@ -390,6 +394,7 @@ class Session:
             epochs=epochs,
             max_steps=max_steps,
             cache_features=cache_features,
+            sched_step=sched_step,
             label=f"fit {len(self.fits) + 1}",
         )
         if observer is not None:

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.training.amp import AmpStatus
-from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
+from ..core.training.fit import EpochMetrics, FitHistory, FitStart, StepInfo
 from .base import DEFAULT_WIDTH, Rendered, human, lr, table
 
 
@@ -57,6 +57,18 @@ def _step_text(info: StepInfo) -> str:
     )
 
 
+def _start_text(start: FitStart) -> str:
+    """The run's first line: what trains, and when each scheduler steps."""
+    schedules = ", ".join(f"{c.name} per {c.every} ({c.reason})" for c in start.schedules)
+    return (
+        f"{start.label} · {start.model_name} · {start.precision}"
+        + (" · cached features" if start.cached_features else "")
+        + f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}"
+        + (f" · max {start.max_steps} steps" if start.max_steps is not None else "")
+        + f" · schedulers: {schedules or 'none'}"
+    )
+
+
 def _step_line(info: StepInfo) -> RenderableType:
     if not info.batches:
         return Text(_step_text(info))
@@ -72,12 +84,15 @@ class NotebookProgress:
 
     def __init__(self, show: Callable[[Rendered], Any], width: int | None = None) -> None:
         self.width = width
+        self.start: FitStart | None = None
         self.last: StepInfo | None = None
         self.epochs: list[EpochMetrics] = []
         self.handle = show(self._rendered())
 
     def _rendered(self) -> Rendered:
         parts: list[RenderableType] = []
+        if self.start is not None:
+            parts.append(Text(_start_text(self.start), style="dim"))
         if self.last is not None:
             parts.append(_step_line(self.last))
         else:
@@ -85,6 +100,10 @@ class NotebookProgress:
         if self.epochs:
             parts.append(_epoch_table(self.epochs))
         return Rendered(Group(*parts), self.width)
+
+    def on_start(self, start: FitStart) -> None:
+        self.start = start
+        self.handle.update(self._rendered())
 
     def on_step(self, info: StepInfo) -> None:
         self.last = info
@@ -117,6 +136,9 @@ class TerminalProgress:
             transient=True,
         )
         self.task: TaskID | None = None
+
+    def on_start(self, start: FitStart) -> None:
+        self.console.print(_start_text(start))
 
     def on_step(self, info: StepInfo) -> None:
         if self.task is None:

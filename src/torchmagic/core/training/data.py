@@ -1,4 +1,4 @@
-"""What %fit needs to know about a data loader: how to move its batches, the order its
+"""What the training loop needs to know about a data loader: how to move its batches, the order its
 next epoch will visit, and whether its transforms are random."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+from ..errors import TorchMagicError
 
 # torchvision.transforms (v1 and v2) classes whose output changes from call to call.
 _RANDOM_TRANSFORMS = frozenset(
@@ -40,23 +42,34 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     return batch
 
 
-def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
-    """(inputs, targets) from the usual batch shapes: ``(x, y)`` or ``{"x"/"input", "y"/...}``."""
+_PAIR_KEYS = (
+    ("x", "y"),
+    ("input", "target"),
+    ("inputs", "targets"),
+    ("image", "label"),
+    ("pixel_values", "labels"),
+)
+
+
+def split_batch(batch: Any, param: str = "train") -> tuple[Any, torch.Tensor]:
+    """(inputs, targets) from the usual batch shapes: ``(x, y)`` or a dict with one of the
+    key pairs above; ``param`` names the argument the batch came from."""
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[0], batch[1]
     if isinstance(batch, dict):
-        for xk, yk in (
-            ("x", "y"),
-            ("input", "target"),
-            ("inputs", "targets"),
-            ("image", "label"),
-            ("pixel_values", "labels"),
-        ):
+        for xk, yk in _PAIR_KEYS:
             if xk in batch and yk in batch:
                 return batch[xk], batch[yk]
-    raise TypeError(
-        "%fit expects batches of (inputs, targets) or a dict with x/y, input/target, "
-        "image/label or pixel_values/labels"
+    if isinstance(batch, (list, tuple)):
+        shape = f"a {type(batch).__name__} of {len(batch)}"
+    elif isinstance(batch, dict):
+        shape = f"a dict with keys {', '.join(map(str, batch))}"
+    else:
+        shape = f"a {type(batch).__name__}"
+    pairs = ", ".join(f"{x}/{y}" for x, y in _PAIR_KEYS)
+    raise TorchMagicError(
+        f"{param} must yield (inputs, targets) batches or dicts with {pairs}; got {shape}",
+        param=param,
     )
 
 

@@ -63,8 +63,9 @@ def check_cacheable(model: nn.Module, loaders: list[DataLoader]) -> CachedHead:
     if outside:
         shown = ", ".join(outside[:4]) + (" …" if len(outside) > 4 else "")
         raise TorchMagicError(
-            f"--cache-features needs everything before the head ({head.name}) frozen, but "
-            f"{shown} train; %freeze them first"
+            f"cache_features needs everything before the head ({head.name}) frozen, but "
+            f"{shown} train; freeze them first",
+            param="cache_features",
         )
     head_modules = {id(m) for m in head.module.modules()}
     for name, module in model.named_modules():
@@ -72,24 +73,28 @@ def check_cacheable(model: nn.Module, loaders: list[DataLoader]) -> CachedHead:
             continue
         if is_batchnorm(module) and batchnorm.mode(module) not in ("held", "frozen"):
             raise TorchMagicError(
-                f"--cache-features: BatchNorm {name} would run in train mode and move its "
-                "statistics; freeze its block with --bn eval (or frozen) first"
+                f"cache_features: BatchNorm {name} would run in train mode and move its "
+                "statistics; freeze its block with bn='eval' (or 'frozen') first",
+                param="cache_features",
             )
         if _is_random_layer(module):
             raise TorchMagicError(
-                f"--cache-features: {name} ({type(module).__name__}, p={module.p}) before the "
-                "head makes the features random in training"
+                f"cache_features: {name} ({type(module).__name__}, p={module.p}) before the "
+                "head makes the features random in training",
+                param="cache_features",
             )
     for loader in loaders:
         if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
             raise TorchMagicError(
-                "--cache-features needs DataLoaders over map-style datasets (it caches by index)"
+                "cache_features needs DataLoaders over map-style datasets (it caches by index)",
+                param="cache_features",
             )
         random = random_transforms(loader.dataset)
         if random:
             raise TorchMagicError(
-                f"--cache-features: the dataset's transform has random augmentation "
-                f"({', '.join(random)}): features would differ every epoch"
+                f"cache_features: the dataset's transform has random augmentation "
+                f"({', '.join(random)}): features would differ every epoch",
+                param="cache_features",
             )
     return head
 
@@ -103,7 +108,9 @@ class FeatureStore:
         self.features: torch.Tensor | None = None
         self.targets: torch.Tensor | None = None
 
-    def _allocate(self, features: torch.Tensor, targets: torch.Tensor) -> None:
+    def _allocate(
+        self, features: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         per_sample = features[0].numel() * features.element_size()
         where = torch.device("cpu")
         if self.device.type == "cuda":
@@ -120,15 +127,21 @@ class FeatureStore:
         self.targets = torch.empty(
             (self.size, *targets.shape[1:]), dtype=targets.dtype, device=where, pin_memory=pin
         )
+        return self.features, self.targets
 
     def put(self, indices: list[int], features: torch.Tensor, targets: torch.Tensor) -> None:
-        if self.features is None:
-            self._allocate(features, targets)
-        index = torch.as_tensor(indices, device=self.features.device)
-        self.features[index] = features.detach().to(self.features.device)
-        self.targets[index] = targets.to(self.targets.device)
+        if self.features is None or self.targets is None:
+            stored_features, stored_targets = self._allocate(features, targets)
+        else:
+            stored_features, stored_targets = self.features, self.targets
+        index = torch.as_tensor(indices, device=stored_features.device)
+        stored_features[index] = features.detach().to(stored_features.device)
+        stored_targets[index] = targets.to(stored_targets.device)
 
     def get(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored features and targets of ``indices``, on the training device."""
+        if self.features is None or self.targets is None:
+            raise RuntimeError("FeatureStore.get before any put")
         index = torch.as_tensor(indices, device=self.features.device)
         blocking = self.features.device == self.device
         return (
@@ -153,7 +166,8 @@ def capture_head_input(
         handle.remove()
     if len(captured) != 1:
         raise TorchMagicError(
-            "--cache-features: the head ran "
-            f"{len(captured)} times in one forward pass; only a head that runs once can be cached"
+            f"cache_features: the head ran {len(captured)} times in one forward pass; only a "
+            "head that runs once can be cached",
+            param="cache_features",
         )
     return captured[0], output

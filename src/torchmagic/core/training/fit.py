@@ -1,31 +1,46 @@
-"""The training loop behind %fit: device moves, AMP, scheduler stepping, live progress
-through an observer, clean stops on Ctrl-C and non-finite losses, and the cached-feature
-path for linear probing.
+"""The training loop behind ``Session.fit``: device moves, AMP, scheduler stepping (see
+``schedule_steps``), live progress through an observer, clean stops on Ctrl-C and
+non-finite losses, and the cached-feature path for linear probing.
 
-Scheduler stepping: OneCycleLR and CyclicLR after every optimizer step; every other
-scheduler once per epoch; ReduceLROnPlateau with the validation loss (the training loss
-when there is no validation loader).
+No host sync per step. Each step's loss stays on the device; the loop reads the losses
+of all steps since the last **check point** at once (one sync), where a check point comes
+every ``CHECK_SECONDS`` of training at most (sooner when the observer redraws more often),
+at each epoch end and when the run stops. So a non-finite loss at step k stops the run at
+the first check point after it: at most ``CHECK_SECONDS`` of steps later, plus the step in
+flight. On that stop:
+
+- restored: BatchNorm running statistics (``running_mean``, ``running_var``,
+  ``num_batches_tracked``), copied at each check point whose losses were all finite, go
+  back to that copy; gradients are cleared (as on every exit);
+- not restored: weights and optimizer state. The steps from k to the stop updated them
+  (with a GradScaler, a step whose gradients are not finite is skipped and changes
+  nothing); the stop message counts the parameter and optimizer-state tensors that now
+  hold NaN/inf.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
+from time import perf_counter
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim import lr_scheduler as torch_schedulers
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import TorchMagicError
+from ..modules import walk
 from . import feature_cache
 from .amp import AmpController
 from .data import load_batch, next_epoch_indices, split_batch, to_device
+from .schedule_steps import SCHED_STEPS, SchedStep, ScheduleChoice, plan_schedules
 
 LOSSES: dict[str, Callable] = {
     "cross_entropy": F.cross_entropy,
@@ -36,7 +51,32 @@ LOSSES: dict[str, Callable] = {
     "smooth_l1": F.smooth_l1_loss,
     "huber": F.huber_loss,
 }
-_PER_BATCH = (torch_schedulers.OneCycleLR, torch_schedulers.CyclicLR)
+CHECK_SECONDS = 0.5
+# Callables that live in a namespace without the user defining them (``exit``,
+# ``get_ipython``, ``print``…): never taken for a loss.
+_NOT_USER_MODULES = ("builtins", "_sitebuiltins", "site", "IPython", "ipykernel")
+_EMPTY = object()  # a loader or list with no batch at all
+
+
+class StopReason(Enum):
+    """Why a run ended before its last epoch."""
+
+    MAX_STEPS = "max_steps"
+    INTERRUPTED = "interrupted"
+    NON_FINITE_LOSS = "non_finite_loss"
+
+
+@dataclass(frozen=True)
+class FitStart:
+    """What a run is about to do: sent to the observer before the first step."""
+
+    label: str
+    model_name: str
+    epochs: int
+    max_steps: int | None
+    precision: str
+    cached_features: bool
+    schedules: tuple[ScheduleChoice, ...]
 
 
 @dataclass(frozen=True)
@@ -55,6 +95,8 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class EpochMetrics:
+    """One epoch; ``lrs`` are those its last step trained at."""
+
     epoch: int
     train_loss: float
     val_loss: float | None
@@ -66,7 +108,7 @@ class EpochMetrics:
 
 @dataclass(frozen=True)
 class FitHistory:
-    """One %fit run: per-epoch metrics and how it ended."""
+    """One fit run: per-epoch metrics and how it ended."""
 
     label: str
     model_name: str
@@ -77,6 +119,8 @@ class FitHistory:
     stopped: str | None = None  # why it ended early, in words; None when it ran to the end
     cached_features: bool = False
     precision: str = "fp32"
+    stop_reason: StopReason | None = None
+    schedules: tuple[ScheduleChoice, ...] = ()
 
     @property
     def samples_per_s(self) -> float:
@@ -85,6 +129,8 @@ class FitHistory:
 
 class FitObserver(Protocol):
     refresh_seconds: float
+
+    def on_start(self, start: FitStart) -> None: ...
 
     def on_step(self, info: StepInfo) -> None: ...
 
@@ -95,6 +141,9 @@ class FitObserver(Protocol):
 
 class _Silent:
     refresh_seconds = float("inf")
+
+    def on_start(self, start: FitStart) -> None:
+        pass
 
     def on_step(self, info: StepInfo) -> None:
         pass
@@ -108,7 +157,7 @@ class _Silent:
 
 @dataclass
 class FitPlan:
-    """Everything one run needs, resolved and checked by the session."""
+    """Everything one run needs, resolved by the session and checked by ``fit``."""
 
     model: nn.Module
     model_name: str
@@ -122,62 +171,146 @@ class FitPlan:
     epochs: int = 1
     max_steps: int | None = None
     cache_features: bool = False
+    sched_step: SchedStep | None = None
     label: str = ""
     observer: FitObserver = field(default_factory=_Silent)
 
+    def batch_source(self) -> _LoaderBatches | _CachedFeatureBatches:
+        """Where the run's batches come from: the loader through the whole model, or
+        (``cache_features``) the head on stored backbone features."""
+        return _CachedFeatureBatches(self) if self.cache_features else _LoaderBatches(self)
 
-def resolve_loss(name: str, namespace: dict) -> Callable:
-    """A loss by name (``cross_entropy``, ``mse``…) or a callable bound to a variable."""
+
+def _user_defined(value: object) -> bool:
+    module = getattr(value, "__module__", None) or ""
+    return module.partition(".")[0] not in _NOT_USER_MODULES
+
+
+def resolve_loss(name: str, namespace: Mapping[str, object]) -> Callable:
+    """A loss by name (``cross_entropy``, ``mse``…) or a callable the user bound to a
+    variable (a function, ``nn.CrossEntropyLoss()``…)."""
     if name in LOSSES:
         return LOSSES[name]
-    value = namespace.get(name)
-    if callable(value):
+    value = None if name.startswith("_") else namespace.get(name)
+    if isinstance(value, type):
+        raise TorchMagicError(
+            f"loss '{name}' is a class: bind an instance, e.g. criterion = {name}()",
+            param="loss",
+        )
+    if callable(value) and _user_defined(value):
         return value
     raise TorchMagicError(
-        f"unknown loss '{name}': use one of {', '.join(LOSSES)} or the name of a callable"
+        f"unknown loss '{name}': use one of {', '.join(LOSSES)} or the name of a loss "
+        "function you defined",
+        param="loss",
     )
 
 
+# -- checks before any step --------------------------------------------------------------
+
+
+def _first_batch(data: Iterable) -> object | None:
+    """The first batch when it can be read without iterating (a list, or a loader over
+    a map-style dataset: its first sample, collated); None when it cannot."""
+    if isinstance(data, DataLoader):
+        dataset = data.dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            return None
+        return load_batch(data, [0]) if len(dataset) else _EMPTY
+    if isinstance(data, Sequence):
+        return data[0] if len(data) else _EMPTY
+    return None
+
+
+def _check_batches(data: object, param: str) -> None:
+    if isinstance(data, (torch.Tensor, str, bytes, Mapping)) or not isinstance(data, Iterable):
+        raise TorchMagicError(
+            f"{param} must be a DataLoader or another iterable of (inputs, targets) batches, "
+            f"not a {type(data).__name__}",
+            param=param,
+        )
+    first = _first_batch(data)
+    if first is _EMPTY:
+        raise TorchMagicError(f"{param} has no batches", param=param)
+    if first is not None:
+        split_batch(first, param)
+
+
+def check_plan(plan: FitPlan) -> None:
+    """Refuse a plan that cannot train, before anything changes."""
+    if plan.epochs < 1:
+        raise TorchMagicError(f"epochs must be at least 1, got {plan.epochs}", param="epochs")
+    if plan.max_steps is not None and plan.max_steps < 1:
+        raise TorchMagicError(
+            f"max_steps must be at least 1, got {plan.max_steps}", param="max_steps"
+        )
+    if plan.sched_step is not None and plan.sched_step not in SCHED_STEPS:
+        raise TorchMagicError(
+            f"sched_step must be 'batch', 'epoch' or None, got {plan.sched_step!r}",
+            param="sched_step",
+        )
+    _check_batches(plan.train, "train")
+    if plan.val is not None:
+        _check_batches(plan.val, "val")
+
+
+# -- pieces of the loop ------------------------------------------------------------------
+
+
 @contextmanager
-def _ctrl_c_stops_after_batch(flag: list[bool]) -> Iterator[None]:
-    """Ctrl-C sets a flag instead of raising mid-step, so the loop stops between batches."""
+def _mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """``module`` in train or eval mode; every submodule's own flag back afterwards."""
+    flags = [(m, m.training) for m in walk(module)]
+    module.train(training)
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+@contextmanager
+def _ctrl_c_requests_stop(request_stop: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C calls ``request_stop`` instead of raising mid-step, so the loop stops
+    between batches."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum, frame) -> None:
-        flag[0] = True
-
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = signal.signal(signal.SIGINT, lambda *_: request_stop())
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def _accuracy_hits(output: Any, targets: torch.Tensor) -> int | None:
+def _accuracy_hits(output: Any, targets: torch.Tensor) -> torch.Tensor | None:
     if (
         isinstance(output, torch.Tensor)
         and output.ndim == 2
         and targets.ndim == 1
         and not targets.is_floating_point()
     ):
-        return int((output.argmax(dim=1) == targets).sum())
+        return (output.argmax(dim=1) == targets).sum()
     return None
 
 
 def _score(pairs: Iterable[tuple[Any, torch.Tensor]], loss_fn: Callable):
-    """(mean loss, accuracy or None) over (output, targets) pairs."""
-    total, hits, seen, counted = 0.0, 0, 0, True
+    """(mean loss, accuracy or None) over (output, targets) pairs, summed on the device
+    and read once at the end."""
+    total: torch.Tensor | float = 0.0
+    hits: torch.Tensor | int = 0
+    seen, counted = 0, True
     for output, targets in pairs:
-        total += float(loss_fn(output, targets)) * len(targets)
-        h = _accuracy_hits(output, targets)
-        counted = counted and h is not None
-        hits += h or 0
+        total = total + loss_fn(output, targets).detach().float() * len(targets)
+        batch_hits = _accuracy_hits(output, targets) if counted else None
+        if batch_hits is None:
+            counted = False
+        else:
+            hits = hits + batch_hits
         seen += len(targets)
     if not seen:
         return None, None
-    return total / seen, (hits / seen if counted else None)
+    return float(total) / seen, (float(hits) / seen if counted else None)
 
 
 def _main_output(output: Any) -> Any:
@@ -185,173 +318,384 @@ def _main_output(output: Any) -> Any:
     return getattr(output, "logits", output)
 
 
+def _length(data: Iterable) -> int | None:
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _non_blocking(loader: Iterable, device: torch.device) -> bool:
+    return bool(getattr(loader, "pin_memory", False)) and device.type == "cuda"
+
+
+Batch = tuple[Callable[[Any], Any], Any, torch.Tensor]  # (forward, inputs, targets)
+
+
+class _LoaderBatches:
+    """Batches from the loader, moved to the device, through the whole model."""
+
+    cached = False
+
+    def __init__(self, plan: FitPlan) -> None:
+        self.plan = plan
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        plan = self.plan
+        non_blocking = _non_blocking(plan.train, plan.device)
+        for batch in plan.train:
+            inputs, targets = split_batch(batch, "train")
+            yield (
+                plan.model,
+                to_device(inputs, plan.device, non_blocking),
+                to_device(targets, plan.device, non_blocking),
+            )
+
+    def validate(self) -> tuple[float | None, float | None]:
+        plan = self.plan
+        if plan.val is None:
+            return None, None
+        non_blocking = _non_blocking(plan.val, plan.device)
+
+        def pairs() -> Iterator[tuple[Any, torch.Tensor]]:
+            for batch in plan.val:  # type: ignore[union-attr]
+                inputs, targets = split_batch(batch, "val")
+                inputs = to_device(inputs, plan.device, non_blocking)
+                with plan.amp.autocast():
+                    output = _main_output(plan.model(inputs))
+                yield output, to_device(targets, plan.device, non_blocking)
+
+        with _mode(plan.model, training=False), torch.no_grad():
+            return _score(pairs(), plan.loss_fn)
+
+
+class _CachedFeatureBatches:
+    """The head on stored backbone features: the first epoch fills the store while
+    training the head on the features just computed; later epochs read the store.
+    Refuses (on construction, before any step) unless the features are the same every
+    epoch."""
+
+    cached = True
+
+    def __init__(self, plan: FitPlan) -> None:
+        self.plan = plan
+        loaders = [plan.train] + ([plan.val] if plan.val is not None else [])
+        self.head = feature_cache.check_cacheable(plan.model, loaders)  # type: ignore[arg-type]
+        self.store = feature_cache.FeatureStore(len(plan.train.dataset), plan.device)  # type: ignore[attr-defined]
+        self.checked = False
+        self.val_features: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def _features(self, inputs: Any) -> tuple[torch.Tensor, Any]:
+        plan = self.plan
+        with _mode(plan.model, training=False), torch.no_grad(), plan.amp.autocast():
+            return feature_cache.capture_head_input(plan.model, self.head.module, inputs)
+
+    def _first_pass(self, indices: list[int]) -> Batch:
+        plan = self.plan
+        inputs, targets = split_batch(load_batch(plan.train, indices), "train")  # type: ignore[arg-type]
+        feats, output = self._features(to_device(inputs, plan.device, False))
+        targets = to_device(targets, plan.device, False)
+        if not self.checked:
+            with _mode(self.head.module, training=False), torch.no_grad(), plan.amp.autocast():
+                again = _main_output(self.head.module(feats))
+            if not torch.allclose(again.float(), _main_output(output).float(), atol=1e-5):
+                raise TorchMagicError(
+                    f"cache_features: the model does more after its head ({self.head.name}); "
+                    "its output is not head(features)",
+                    param="cache_features",
+                )
+            self.checked = True
+        self.store.put(indices, feats, targets)
+        return self.head.module, feats, targets
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        for indices in next_epoch_indices(self.plan.train):  # type: ignore[arg-type]
+            if epoch == 0:
+                yield self._first_pass(indices)
+            else:
+                feats, targets = self.store.get(indices)
+                yield self.head.module, feats, targets
+
+    def validate(self) -> tuple[float | None, float | None]:
+        plan = self.plan
+        if plan.val is None:
+            return None, None
+        if self.val_features is not None:
+            # the uncached run would iterate the loader: draw the same random numbers
+            next_epoch_indices(plan.val)  # type: ignore[arg-type]
+        else:
+            self.val_features = []
+            for batch in plan.val:
+                inputs, targets = split_batch(batch, "val")
+                feats, _ = self._features(to_device(inputs, plan.device, False))
+                self.val_features.append((feats, to_device(targets, plan.device, False)))
+        head = self.head.module
+        with _mode(head, training=False), torch.no_grad(), plan.amp.autocast():
+            pairs = ((_main_output(head(f)), t) for f, t in self.val_features)
+            return _score(pairs, plan.loss_fn)
+
+
+class _LossLedger:
+    """Each step's loss stays on the device until a check point reads all of them with
+    one host sync; the epoch's loss adds up the finite steps before the first bad one."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[torch.Tensor, int]] = []
+        self.first_pending_step = 1
+        self.total = 0.0
+        self.seen = 0
+
+    def start_epoch(self) -> None:
+        self.total, self.seen = 0.0, 0
+
+    def add(self, step: int, loss: torch.Tensor, samples: int) -> None:
+        if not self.pending:
+            self.first_pending_step = step
+        self.pending.append((loss, samples))
+
+    def settle(self) -> tuple[int, float] | None:
+        """(step, loss) of the first non-finite loss since the last check, else None."""
+        if not self.pending:
+            return None
+        values = torch.stack([loss.float() for loss, _ in self.pending]).tolist()
+        sizes = [n for _, n in self.pending]
+        first = self.first_pending_step
+        self.pending.clear()
+        for offset, (value, n) in enumerate(zip(values, sizes, strict=True)):
+            if value != value or value in (float("inf"), float("-inf")):
+                return first + offset, value
+            self.total += value * n
+            self.seen += n
+        return None
+
+    @property
+    def epoch_loss(self) -> float:
+        return self.total / self.seen if self.seen else float("nan")
+
+
+class _BatchNormSnapshot:
+    """The running statistics of every BatchNorm as they were at the last check point
+    whose losses were all finite (a few KB to MB: copied on the device)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.live = [
+            buffer
+            for m in walk(model)
+            if isinstance(m, _BatchNorm) and m.track_running_stats
+            for buffer in m.buffers(recurse=False)
+        ]
+        self.saved = [b.detach().clone() for b in self.live]
+        self.step = 0
+
+    def take(self, step: int) -> None:
+        if self.live:
+            torch._foreach_copy_(self.saved, self.live)
+        self.step = step
+
+    def restore(self) -> None:
+        if self.live:
+            with torch.no_grad():
+                torch._foreach_copy_(self.live, self.saved)
+
+
+def _count_non_finite(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
+    """(tensors holding NaN/inf, tensors looked at): read once, at a stop."""
+    checked = [t for t in tensors if t.is_floating_point()]
+    return sum(not bool(torch.isfinite(t).all()) for t in checked), len(checked)
+
+
+def _clear_grads(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.grad = None
+
+
+@dataclass(frozen=True)
+class _EpochRun:
+    samples: int
+    seconds: float
+    complete: bool  # every batch of the epoch trained
+
+
 class _Trainer:
     def __init__(self, plan: FitPlan) -> None:
         self.plan = plan
-        self.per_batch = [s for s in plan.schedulers if isinstance(s, _PER_BATCH)]
-        self.per_epoch = [s for s in plan.schedulers if not isinstance(s, _PER_BATCH)]
+        self.source = plan.batch_source()
+        self.schedule = plan_schedules(plan.schedulers, plan.sched_step)
+        self.batches_per_epoch = _length(plan.train)
+        self.check_seconds = min(plan.observer.refresh_seconds, CHECK_SECONDS)
+        self.ledger = _LossLedger()
+        self.batchnorm = _BatchNormSnapshot(plan.model)
         self.steps = 0
         self.samples = 0
-        self.interrupted = [False]
-        self.stopped: str | None = None
-        self.non_blocking = bool(getattr(plan.train, "pin_memory", False)) and (
-            plan.device.type == "cuda"
-        )
+        self.interrupt_requested = False
+        self.stop: StopReason | None = None
+        self.stop_message: str | None = None
+        self.trained_lrs = self._group_lrs()
+
+    def _group_lrs(self) -> list[Any]:
+        """The lrs of non-empty groups, as stored (a tensor lr is not read here)."""
+        return [g["lr"] for g in self.plan.optimizer.param_groups if g["params"]]
+
+    def _request_interrupt(self) -> None:
+        self.interrupt_requested = True
+
+    def _stopping(self, reason: StopReason, message: str) -> None:
+        self.stop, self.stop_message = reason, message
 
     # -- one optimizer step ----------------------------------------------------------
 
-    def _step(
-        self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
-    ) -> torch.Tensor:
+    def _step(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> None:
         plan = self.plan
         with plan.amp.autocast():
             output = _main_output(forward(inputs))
             loss = plan.loss_fn(output, targets)
-        value = loss.detach()
-        if not bool(torch.isfinite(value)):
-            self.stopped = (
-                f"the loss became {float(value)} at step {self.steps + 1}; stopped before "
-                "that step's update (weights are from the step before)"
-            )
-            plan.optimizer.zero_grad(set_to_none=True)
-            return loss.detach()
         plan.amp.step(loss, plan.optimizer)
         self.steps += 1
-        for scheduler in self.per_batch:
-            scheduler.step()
-        return loss.detach()
+        self.ledger.add(self.steps, loss.detach(), len(targets))
+        self.trained_lrs = self._group_lrs()
+        self.schedule.after_step()
+
+    # -- check points ----------------------------------------------------------------
+
+    def _check(self) -> bool:
+        """Read the losses since the last check; on a non-finite one, stop and restore
+        what can be restored. Returns whether training may go on."""
+        bad = self.ledger.settle()
+        if bad is None:
+            self.batchnorm.take(self.steps)
+            return True
+        self._stop_on_non_finite(*bad)
+        return False
+
+    def _stop_on_non_finite(self, step: int, value: float) -> None:
+        plan = self.plan
+        self.batchnorm.restore()
+        params = [p for p in plan.model.parameters() if p.requires_grad]
+        bad_params, n_params = _count_non_finite(params)
+        state = [
+            t
+            for s in plan.optimizer.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor)
+        ]
+        bad_state, _ = _count_non_finite(state)
+        parts = [
+            f"the loss became {value} at step {step}; stopped after step {self.steps} "
+            f"(losses are read every {self.check_seconds:g} s and at each epoch end)"
+        ]
+        if self.batchnorm.live:
+            parts.append(f"BatchNorm running statistics restored to step {self.batchnorm.step}")
+        if bad_params or bad_state:
+            parts.append(
+                f"{bad_params} of {n_params} trainable parameter tensors and {bad_state} "
+                f"optimizer state tensors hold NaN/inf since step {step}: reload them from "
+                "a checkpoint"
+            )
+        else:
+            scaler = " (the GradScaler skipped the non-finite steps)" if plan.amp.scaler else ""
+            parts.append(f"weights and optimizer state are finite{scaler}")
+        self._stopping(StopReason.NON_FINITE_LOSS, "; ".join(parts))
 
     # -- epochs ----------------------------------------------------------------------
 
-    def _batches(
-        self, epoch: int
-    ) -> Iterator[tuple[Callable, Any, torch.Tensor, list[int] | None]]:
-        """(forward, inputs, targets, indices) for each batch of one epoch."""
+    def _train_epoch(self, epoch: int) -> _EpochRun:
         plan = self.plan
-        if plan.cache_features:
-            for indices in next_epoch_indices(plan.train):
-                if epoch == 0:
-                    inputs, targets = split_batch(load_batch(plan.train, indices))
-                    inputs = to_device(inputs, plan.device, False)
-                    targets = to_device(targets, plan.device, False)
-                    yield self.cache.head_step_from_inputs(inputs, targets, indices)
-                else:
-                    feats, targets = self.cache.store.get(indices)
-                    yield self.cache.head.module, feats, targets, indices
-            return
-        for batch in plan.train:
-            inputs, targets = split_batch(batch)
-            yield (
-                plan.model,
-                to_device(inputs, plan.device, self.non_blocking),
-                to_device(targets, plan.device, self.non_blocking),
-                None,
-            )
-
-    def _train_epoch(self, epoch: int) -> tuple[float, int, float]:
-        plan = self.plan
-        batches_per_epoch = len(plan.train) if hasattr(plan.train, "__len__") else None
-        total = torch.zeros((), device=plan.device)
-        seen = 0
-        start = last_refresh = time.perf_counter()
-        iterator = self._batches(epoch)
-        batch_index = 0
-        plan.model.train()
-        while not self.stopped:
+        self.ledger.start_epoch()
+        samples = batch_index = 0
+        complete = False
+        start = last_check = last_redraw = perf_counter()
+        iterator = self.source.batches(epoch)
+        while True:
+            if self.interrupt_requested:  # Ctrl-C during the last step or the validation
+                self._stopping(
+                    StopReason.INTERRUPTED, f"interrupted; the last completed step is {self.steps}"
+                )
+                break
             try:
-                forward, inputs, targets, _ = next(iterator)
-                loss = self._step(forward, inputs, targets)
+                forward, inputs, targets = next(iterator)
+                self._step(forward, inputs, targets)
             except StopIteration:
+                complete = True
                 break
-            except KeyboardInterrupt:
-                self.interrupted[0] = True
-            if self.interrupted[0]:
-                self.stopped = f"interrupted; the last completed step is {self.steps}"
-                plan.optimizer.zero_grad(set_to_none=True)
-                break
-            if self.stopped:
-                break
-            n = len(targets)
-            total += loss.float() * n
-            seen += n
-            self.samples += n
+            except KeyboardInterrupt:  # raised where no handler could defer it
+                self.interrupt_requested = True
+                continue
+            samples += len(targets)
+            self.samples += len(targets)
             batch_index += 1
-            now = time.perf_counter()
-            if now - last_refresh >= plan.observer.refresh_seconds:
-                last_refresh = now
+            if plan.max_steps is not None and self.steps >= plan.max_steps:
+                self._stopping(StopReason.MAX_STEPS, f"reached max_steps={plan.max_steps}")
+                complete = batch_index == self.batches_per_epoch
+                break
+            now = perf_counter()
+            if now - last_check < self.check_seconds:
+                continue
+            last_check = now
+            if not self._check():
+                break
+            if now - last_redraw >= plan.observer.refresh_seconds:
+                last_redraw = now
                 plan.observer.on_step(
                     StepInfo(
                         epoch=epoch + 1,
                         epochs=plan.epochs,
                         step=self.steps,
                         batch=batch_index,
-                        batches=batches_per_epoch,
-                        samples_per_s=seen / (now - start),
-                        loss=float(total) / seen,
-                        lrs=self._lrs(),
+                        batches=self.batches_per_epoch,
+                        samples_per_s=samples / (now - start),
+                        loss=self.ledger.epoch_loss,
+                        lrs=tuple(float(lr) for lr in self._group_lrs()),
                     )
                 )
-            if plan.max_steps is not None and self.steps >= plan.max_steps:
-                self.stopped = f"reached --max-steps {plan.max_steps}"
-                break
-        return (float(total) / seen if seen else float("nan")), seen, time.perf_counter() - start
+        if self.stop is not StopReason.NON_FINITE_LOSS:
+            self._check()
+        return _EpochRun(samples, perf_counter() - start, complete)
 
-    def _lrs(self) -> tuple[float, ...]:
-        return tuple(float(g["lr"]) for g in self.plan.optimizer.param_groups if g["params"])
-
-    def _validate(self) -> tuple[float | None, float | None]:
-        plan = self.plan
-        if plan.val is None:
-            return None, None
-        if plan.cache_features:
-            return self.cache.validate()
-
-        def pairs() -> Iterator[tuple[Any, torch.Tensor]]:
-            for batch in plan.val:
-                inputs, targets = split_batch(batch)
-                inputs = to_device(inputs, plan.device, self.non_blocking)
-                with plan.amp.autocast():
-                    output = _main_output(plan.model(inputs))
-                yield output, to_device(targets, plan.device, self.non_blocking)
-
-        was_training = plan.model.training
-        plan.model.eval()
-        try:
-            with torch.no_grad():
-                return _score(pairs(), plan.loss_fn)
-        finally:
-            plan.model.train(was_training)
+    def _epoch(self, epoch: int) -> EpochMetrics | None:
+        """Train one epoch, validate, step the per-epoch schedulers; None when no step ran."""
+        run = self._train_epoch(epoch)
+        if not run.samples:
+            return None
+        train_loss = self.ledger.epoch_loss
+        trained_lrs = tuple(float(lr) for lr in self.trained_lrs)
+        val_loss = val_acc = None
+        if self.stop is not StopReason.NON_FINITE_LOSS:
+            val_loss, val_acc = self.source.validate()
+            if run.complete:
+                self.schedule.after_epoch(val_loss if val_loss is not None else train_loss)
+        return EpochMetrics(
+            epoch + 1, train_loss, val_loss, val_acc, run.samples, run.seconds, trained_lrs
+        )
 
     def run(self) -> FitHistory:
         plan = self.plan
-        was_training = plan.model.training
-        if plan.cache_features:
-            self.cache = _CachedHeadTraining(
-                self,
-                feature_cache.check_cacheable(
-                    plan.model, [plan.train] + ([plan.val] if plan.val is not None else [])
-                ),
-            )
+        precision = plan.amp.status().dtype or "fp32"
         epochs: list[EpochMetrics] = []
-        start = time.perf_counter()
+        start = perf_counter()
+        plan.observer.on_start(
+            FitStart(
+                plan.label,
+                plan.model_name,
+                plan.epochs,
+                plan.max_steps,
+                precision,
+                self.source.cached,
+                self.schedule.choices,
+            )
+        )
         try:
-            with _ctrl_c_stops_after_batch(self.interrupted):
+            with _mode(plan.model, training=True), _ctrl_c_requests_stop(self._request_interrupt):
                 for epoch in range(plan.epochs):
-                    train_loss, seen, seconds = self._train_epoch(epoch)
-                    if self.stopped and not seen:
+                    metrics = self._epoch(epoch)
+                    if metrics is None:
                         break
-                    val_loss, val_acc = self._validate()
-                    if not self.stopped or self.stopped.startswith("reached"):
-                        self._step_epoch_schedulers(val_loss, train_loss)
-                    metrics = EpochMetrics(
-                        epoch + 1, train_loss, val_loss, val_acc, seen, seconds, self._lrs()
-                    )
                     epochs.append(metrics)
                     plan.observer.on_epoch(metrics)
-                    if self.stopped:
+                    if self.stop is not None:
                         break
         finally:
-            plan.model.train(was_training)
+            _clear_grads(plan.model, plan.optimizer)
             plan.observer.close()
         return FitHistory(
             label=plan.label,
@@ -359,83 +703,17 @@ class _Trainer:
             epochs=tuple(epochs),
             steps=self.steps,
             samples=self.samples,
-            seconds=time.perf_counter() - start,
-            stopped=self.stopped,
-            cached_features=plan.cache_features,
-            precision=plan.amp.status().dtype or "fp32",
+            seconds=perf_counter() - start,
+            stopped=self.stop_message,
+            cached_features=self.source.cached,
+            precision=precision,
+            stop_reason=self.stop,
+            schedules=self.schedule.choices,
         )
-
-    def _step_epoch_schedulers(self, val_loss: float | None, train_loss: float) -> None:
-        for scheduler in self.per_epoch:
-            if isinstance(scheduler, torch_schedulers.ReduceLROnPlateau):
-                scheduler.step(val_loss if val_loss is not None else train_loss)
-            else:
-                scheduler.step()
-
-
-class _CachedHeadTraining:
-    """The cached-feature side of a run: the first epoch fills the store while training
-    the head on the features just computed; later epochs read the store."""
-
-    def __init__(self, trainer: _Trainer, head: feature_cache.CachedHead) -> None:
-        plan = trainer.plan
-        self.trainer = trainer
-        self.head = head
-        self.store = feature_cache.FeatureStore(len(plan.train.dataset), plan.device)
-        self.checked = False
-        self.val_features: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def _features(self, inputs: Any) -> tuple[torch.Tensor, Any]:
-        """The backbone in eval mode, the model's mode restored afterwards."""
-        plan = self.trainer.plan
-        was_training = plan.model.training
-        plan.model.eval()
-        try:
-            with torch.no_grad(), plan.amp.autocast():
-                return feature_cache.capture_head_input(plan.model, self.head.module, inputs)
-        finally:
-            plan.model.train(was_training)
-
-    def head_step_from_inputs(self, inputs: Any, targets: torch.Tensor, indices: list[int]):
-        feats, output = self._features(inputs)
-        if not self.checked:
-            head = self.head.module
-            was_training = head.training
-            head.eval()
-            with torch.no_grad(), self.trainer.plan.amp.autocast():
-                again = _main_output(head(feats))
-            head.train(was_training)
-            if not torch.allclose(again.float(), _main_output(output).float(), atol=1e-5):
-                raise TorchMagicError(
-                    "--cache-features: the model does more after its head "
-                    f"({self.head.name}); its output is not head(features)"
-                )
-            self.checked = True
-        self.store.put(indices, feats, targets)
-        return self.head.module, feats, targets, indices
-
-    def validate(self) -> tuple[float | None, float | None]:
-        plan = self.trainer.plan
-        if self.val_features is not None:
-            # the uncached run would iterate the loader: draw the same random numbers
-            next_epoch_indices(plan.val)
-        else:
-            self.val_features = []
-            for batch in plan.val:
-                inputs, targets = split_batch(batch)
-                feats, _ = self._features(to_device(inputs, plan.device, False))
-                self.val_features.append((feats, to_device(targets, plan.device, False)))
-        head = self.head.module
-        was_training = head.training
-        head.eval()
-        try:
-            with torch.no_grad(), plan.amp.autocast():
-                pairs = ((_main_output(head(f)), t) for f, t in self.val_features)
-                return _score(pairs, plan.loss_fn)
-        finally:
-            head.train(was_training)
 
 
 def fit(plan: FitPlan) -> FitHistory:
-    """Train ``plan.model`` and return its history (also when stopped early)."""
+    """Train ``plan.model`` and return its history (also when stopped early). A plan
+    that cannot train is refused before anything changes."""
+    check_plan(plan)
     return _Trainer(plan).run()
