@@ -18,8 +18,12 @@ from torchmagic.core.errors import TorchMagicError
 def make_setup():
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5),
-        nn.Flatten(), nn.Linear(4 * 6 * 6, 3),
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 3),
     )
     opt = torch.optim.AdamW(
         [
@@ -53,13 +57,18 @@ def same(a, b):
     assert sd_a.keys() == sd_b.keys()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
     assert all(
-        (x is None and y is None) or torch.equal(x, y) for x, y in zip(grads_a, grads_b)
+        (x is None and y is None) or torch.equal(x, y)
+        for x, y in zip(grads_a, grads_b, strict=True)
     )
     assert state_a.keys() == state_b.keys()
     for pid in state_a:
         assert all(torch.equal(state_a[pid][k], state_b[pid][k]) for k in state_a[pid])
     assert groups_a == groups_b and mode_a == mode_b
-    assert all(x is y for ga, gb in zip(params_a, params_b) for x, y in zip(ga, gb))
+    assert all(
+        x is y
+        for ga, gb in zip(params_a, params_b, strict=True)
+        for x, y in zip(ga, gb, strict=True)
+    )
 
 
 def test_live_objects_and_random_state_are_untouched():
@@ -115,7 +124,12 @@ def test_a_batch_and_no_optimizer():
 
 def test_ranking_from_numbers():
     report = compare_mod.CompareReport(
-        "m", 8, 0, 3, 1, "SGD",
+        "m",
+        8,
+        0,
+        3,
+        1,
+        "SGD",
         (
             compare_mod.DeviceTiming("cpu", 30.0, 0.0, 266.0),
             compare_mod.DeviceTiming("cuda:0", 10.0, 2.0, 800.0),
@@ -146,7 +160,9 @@ def test_cuda_is_timed_and_live_cpu_model_untouched():
     cuda_rng = torch.cuda.get_rng_state_all()
     report = compare(model, loader, opt, steps=3, warmup=2)
     same(before, snapshot(model, opt))
-    assert all(torch.equal(a, b) for a, b in zip(cuda_rng, torch.cuda.get_rng_state_all()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(cuda_rng, torch.cuda.get_rng_state_all(), strict=True)
+    )
     devices = [t.device for t in report.timings]
     assert devices[0] == "cpu" and "cuda:0" in devices and not report.cpu_only
     assert all(t.timed and t.step_ms > 0 for t in report.timings)

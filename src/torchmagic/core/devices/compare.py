@@ -154,7 +154,7 @@ def replicate(
     memo: dict[int, Any] = {}
     replica = copy.deepcopy(model, memo).to(device)
     if optimizer is None:
-        return replica, torch.optim.SGD((p for p in replica.parameters() if p.requires_grad))
+        return replica, torch.optim.SGD(p for p in replica.parameters() if p.requires_grad)
     groups = []
     for group in optimizer.param_groups:
         params = [copy.deepcopy(p, memo) for p in group["params"]]
