@@ -167,3 +167,25 @@ def test_cuda_is_timed_and_live_cpu_model_untouched():
     assert devices[0] == "cpu" and "cuda:0" in devices and not report.cpu_only
     assert all(t.timed and t.step_ms > 0 for t in report.timings)
     assert report.timings[1].copy_ms > 0 and report.fastest in devices
+
+
+def test_rendered_verdict():
+    from torchmagic.render.compare import device_compare
+
+    report = compare_mod.CompareReport(
+        "model",
+        8,
+        1024,
+        3,
+        1,
+        "AdamW",
+        (
+            compare_mod.DeviceTiming("cpu", 30.0, 0.0, 266.0),
+            compare_mod.DeviceTiming("cuda:0", 10.0, 2.0, 800.0),
+        ),
+        ("cuda:0",),
+        "",
+    )
+    bundle = device_compare(report)._repr_mimebundle_()
+    assert "cuda:0 is 3.0x faster than cpu" in bundle["text/plain"]
+    assert "CPU only" not in bundle["text/plain"] and "<pre" in bundle["text/html"]

@@ -122,3 +122,12 @@ def test_hugging_face_builds_from_a_model_type_offline():
     with pytest.raises(TorchMagicError, match="cannot fetch the weights") as info:
         zoo.load_model("hf:microsoft/resnet-18", "DEFAULT")
     assert "\n" not in str(info.value) and "hf:vit" in str(info.value)
+
+
+def test_rendered_metadata():
+    from torchmagic.render.base import Rendered
+    from torchmagic.render.zoo import loaded_model, weights_table
+
+    text = str(Rendered(weights_table(zoo.weights_info("resnet18")), width=120))
+    assert "ImageNet-1K acc@1 │ 69.76" in text and "224×224 (resize 256" in text
+    assert "random weights (weights=None)" in str(loaded_model(zoo.load_model("resnet18", None)))
