@@ -7,20 +7,26 @@ is changed. A healthy session reports nothing.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping, MutableMapping
+import os
+from collections.abc import Container, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..devices.placement import find_misplaced, reference_device
+from ..errors import TorchMagicError
 from ..modules import parameter_names, unwrap
 from ..surgery import scheduler_sync
 from ..surgery.batchnorm import is_held
+from ..surgery.heads import Head, find_head
 from ..tensors import held_ids, leaves, optimizer_params, owners, state_bytes
 from ..workspace import Workspace
+from ..zoo import WeightsInfo, describe, expected_inputs, is_weights
+from . import datasets
 from .compiled import CompileWatch, is_compiled
 
 SEVERITIES = ("error", "warning", "info")
@@ -323,6 +329,264 @@ def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
                 )
 
 
+# -- 9: data, weights and head that must match ----------------------------------------
+# Replacing the last layer is not enough: labels must fit the head, and the inputs must
+# look like what the pretrained weights saw (normalisation, resolution).
+
+# Input sides further than this factor from the weights' crop size are reported.
+RESOLUTION_FACTOR = 2.0
+# Normalize mean / std values closer than this count as the same.
+NORM_TOLERANCE = 2e-3
+
+
+@dataclass(frozen=True)
+class _Data:
+    """One dataset in the namespace (bound itself, or as a loader's ``.dataset``)."""
+
+    name: str  # the variable: a loader's name when seen through a loader
+    dataset: object
+    batch: object | None  # a peeked batch (loaders only)
+
+
+def _data_sources(ws: Workspace) -> list[_Data]:
+    loaders = [(n, v) for n, v in ws.items() if isinstance(v, DataLoader)]
+    seen = {id(v.dataset) for _, v in loaders}
+    found = [_Data(n, v.dataset, datasets.peek(v)) for n, v in loaders]
+    found += [
+        _Data(n, v, None)
+        for n, v in ws.items()
+        if isinstance(v, Dataset) and not isinstance(v, IterableDataset) and id(v) not in seen
+    ]
+    return found
+
+
+def _head_of(model: nn.Module) -> Head | None:
+    try:
+        return find_head(model)
+    except TorchMagicError:
+        return None
+
+
+def _labels(source: _Data) -> torch.Tensor | None:
+    labels = datasets.declared_labels(source.dataset)
+    if labels is None and source.batch is not None:
+        labels = datasets.batch_parts(source.batch)[1]
+    return labels
+
+
+def _label_range(name: str, head: Head, sources: list[_Data]) -> Iterator[Finding]:
+    classes = head.out_features
+    for source in sources:
+        labels = _labels(source)
+        if labels is None:
+            continue
+        real = labels[labels != datasets.IGNORE_INDEX]
+        if not real.numel():
+            continue
+        low, high = int(real.min()), int(real.max())
+        if high < classes and low >= 0:
+            continue
+        where = f"{name}.{head.name}" if head.name else name
+        bad = high if high >= classes else low
+        yield Finding(
+            "labels",
+            "error",
+            f"{source.name} → {where}",
+            f"{source.name} has label {bad} but {where} has {classes} outputs (labels "
+            f"0 to {classes - 1}): cross_entropy fails, on the GPU as 'device-side assert "
+            "triggered'",
+            f'tm.replace_head("{name}.{head.name}", {high + 1}) for {high + 1} classes, or '
+            f"map the labels to 0..{classes - 1}"
+            if head.name
+            else f"map the labels to 0..{classes - 1}",
+        )
+
+
+def _class_count(name: str, head: Head, sources: list[_Data]) -> Iterator[Finding]:
+    for source in sources:
+        declared = datasets.declared_classes(source.dataset)
+        if declared is None or declared == head.out_features:
+            continue
+        where = f"{name}.{head.name}" if head.name else name
+        yield Finding(
+            "classes",
+            "warning",
+            f"{source.name} → {where}",
+            f"{source.name} declares {declared} classes but {where} has "
+            f"{head.out_features} outputs",
+            f'tm.replace_head("{where}", {declared})',
+        )
+
+
+def _weights_categories(
+    name: str, head: Head, weights: WeightsInfo, replaced: bool
+) -> Iterator[Finding]:
+    """A head that is not the weights' own, changed outside the session: the weights'
+    ``categories`` no longer name its outputs."""
+    if replaced or weights.num_categories in (None, head.out_features):
+        return
+    where = f"{name}.{head.name}" if head.name else name
+    yield Finding(
+        "classes",
+        "info",
+        where,
+        f"{where} has {head.out_features} outputs but {weights.name} has "
+        f"{weights.num_categories} categories: weights.meta['categories'] does not name "
+        "its predictions",
+        "decode predictions with your dataset's class names, not the weights' categories",
+    )
+
+
+def _same(values: tuple[float, ...], expected: tuple[float, ...]) -> bool:
+    if len(values) == 1:
+        values = values * len(expected)
+    return len(values) == len(expected) and all(
+        abs(a - b) <= NORM_TOLERANCE for a, b in zip(values, expected, strict=True)
+    )
+
+
+def _short(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{v:.3g}" for v in values) + ")"
+
+
+def _normalisation(name: str, weights: WeightsInfo, sources: list[_Data]) -> Iterator[Finding]:
+    if weights.mean is None or weights.std is None:
+        return
+    for source in sources:
+        for norm in datasets.normalizations(source.dataset):
+            if _same(norm.mean, weights.mean) and _same(norm.std, weights.std):
+                continue
+            yield Finding(
+                "normalization",
+                "warning",
+                f"{source.name} → {name}",
+                f"{source.name} normalises with mean {_short(norm.mean)} std "
+                f"{_short(norm.std)}; {name}'s weights {weights.name} expect mean "
+                f"{_short(weights.mean)} std {_short(weights.std)}: every input is "
+                "shifted from what the pretrained features saw",
+                f"Normalize(mean={list(weights.mean)}, std={list(weights.std)}), or use the "
+                "weights' own transforms (weights.transforms())",
+            )
+
+
+def _resolution(name: str, weights: WeightsInfo, sources: list[_Data]) -> Iterator[Finding]:
+    crop = weights.crop_size
+    if not crop:
+        return
+    for source in sources:
+        inputs = datasets.batch_parts(source.batch)[0] if source.batch is not None else None
+        size = datasets.image_size(inputs)
+        if size is None:
+            continue
+        if crop / RESOLUTION_FACTOR <= min(size) and max(size) <= crop * RESOLUTION_FACTOR:
+            continue
+        yield Finding(
+            "resolution",
+            "warning",
+            f"{source.name} → {name}",
+            f"{source.name} gives {size[0]}×{size[1]} images; {name}'s weights "
+            f"{weights.name} were trained on {crop}×{crop} crops: the pretrained "
+            "features fit that scale (fixed-size models such as ViT fail outright)",
+            f"resize to about {crop} in the dataset's transforms (the weights' "
+            "transforms() resize and crop as trained)",
+        )
+
+
+def _known_weights(
+    ws: Workspace, models: Mapping[str, nn.Module], recorded: Mapping[str, object]
+) -> dict[str, WeightsInfo]:
+    """Model name → what its pretrained weights expect: recorded by ``load_model``, else
+    a torchvision ``WeightsEnum`` member bound in the namespace, applied to the only model
+    or to the models whose class the enum is named after (``ResNet`` / ``ResNet18_Weights``)."""
+    known = {n: info for n, w in recorded.items() if (info := expected_inputs(w)) is not None}
+    bound = [v for _, v in ws.items() if is_weights(v)]
+    for value in dict.fromkeys(bound):
+        info = describe(value)
+        enum_name = type(value).__name__.lower()
+        for name, model in models.items():
+            if name in known:
+                continue
+            if len(models) == 1 or enum_name.startswith(type(unwrap(model)).__name__.lower()):
+                known[name] = info
+    return known
+
+
+def _data_and_weights(
+    ws: Workspace,
+    models: Mapping[str, nn.Module],
+    trained: Mapping[str, nn.Module],
+    weights: Mapping[str, object],
+    replaced_heads: Container[str],
+) -> Iterator[Finding]:
+    """Labels, class counts, normalisation and resolution of the data in the namespace
+    against the trained models (the only model, when none is trained yet)."""
+    checked = trained or (models if len(models) == 1 else {})
+    known = _known_weights(ws, models, weights)
+    sources = _data_sources(ws) if checked else []
+    for name, value in checked.items():
+        model = unwrap(value)
+        head = _head_of(model)
+        if head is not None:
+            yield from _label_range(name, head, sources)
+            yield from _class_count(name, head, sources)
+        info = known.get(name)
+        if info is None:
+            continue
+        if head is not None:
+            yield from _weights_categories(name, head, info, name in replaced_heads)
+        yield from _normalisation(name, info, sources)
+        yield from _resolution(name, info, sources)
+
+
+# -- 10: the loader sets the pace ------------------------------------------------------
+
+# A run that waited for batches longer than this share of its wall time is reported.
+DATA_WAIT_SHARE = 0.3
+
+
+def _data_wait(ws: Workspace, fits: Sequence[object], pin: object | None) -> Iterator[Finding]:
+    """The last run's share of wall time spent waiting for the loader (``data_wait_s`` /
+    ``wall_s`` of its history), with the usual remedies in the order they pay."""
+    if not fits:
+        return
+    last = fits[-1]
+    wait, wall = getattr(last, "data_wait_s", None), getattr(last, "wall_s", None)
+    if not isinstance(wait, (int, float)) or not isinstance(wall, (int, float)) or wall <= 0:
+        return
+    share = wait / wall
+    if share <= DATA_WAIT_SHARE:
+        return
+    single = [n for n, v in ws.items() if isinstance(v, DataLoader) and v.num_workers == 0]
+    workers = min(8, os.cpu_count() or 1)
+    remedies = [
+        f"num_workers={workers} (loading in {workers} processes"
+        + (f"; {_names(single)} load(s) in the main process now)" if single else ")")
+    ]
+    if getattr(pin, "ran", False):
+        if getattr(pin, "recommend", False):
+            remedies.append(
+                f"pin_memory=True with .to(device, non_blocking=True) (pinbench measured "
+                f"{pin.speedup:.1f}x faster copies)"
+            )
+    else:
+        remedies.append(
+            "pin_memory=True with .to(device, non_blocking=True) on a GPU (pinbench measures it)"
+        )
+    remedies += [
+        "persistent_workers=True (workers survive from one epoch to the next)",
+        "lighter per-sample transforms (resize once ahead of time, cache decoded images)",
+    ]
+    label = getattr(last, "label", "the last run")
+    yield Finding(
+        "data-wait",
+        "warning",
+        label,
+        f"{label} spent {share:.0%} of its wall time waiting for batches: the loader, not "
+        "the model, sets the pace",
+        "DataLoader(..., " + "; then ".join(f"{i}) {r}" for i, r in enumerate(remedies, 1)),
+    )
+
+
 # -- the scan ------------------------------------------------------------------------
 
 
@@ -334,11 +598,20 @@ def diagnose(
     scaler: torch.amp.GradScaler | None = None,
     compile_watch: CompileWatch | None = None,
     device: torch.device | None = None,
+    weights: Mapping[str, object] | None = None,
+    replaced_heads: Container[str] = (),
+    fits: Sequence[object] = (),
+    pinbench: object | None = None,
 ) -> DoctorReport:
     """Run every check over the namespace and the session's state: its AMP policy and
     scaler, its device (models being trained elsewhere are named) and its
     :class:`CompileWatch` (without one, compiled models cannot be compared to what they
-    were; it observes this namespace afterwards)."""
+    were; it observes this namespace afterwards).
+
+    ``weights``: model name → the weights ``load_model`` built it with (a ``WeightsEnum``
+    member, a ``WeightsInfo`` or a ``LoadedModel``); ``replaced_heads``: models whose head
+    the session replaced; ``fits``: the session's runs (the last one's data wait is
+    judged); ``pinbench``: the last pinbench report, quoted in the remedies."""
     ws = Workspace(namespace, hidden)  # read only: nothing is resolved or remembered
     models = ws.models()
     optimizers = ws.optimizers()
@@ -360,6 +633,8 @@ def diagnose(
         findings += _bn_drift(name, model)
         findings += _devices(name, model, opts, scalers)
     findings += _amp(amp, trained, scalers)
+    findings += _data_and_weights(ws, models, trained, weights or {}, replaced_heads)
+    findings += _data_wait(ws, fits, pinbench)
     findings += _schedulers(ws, optimizers)
     findings += _leaks(ws)
     findings += _wrappers(ws, compile_watch)
