@@ -68,7 +68,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import resnet18, resnet50
 
-from torchmagic import Session, render
+from torchmagic import Session, notebook_session, render
 
 BATCH = 64
 LR = 0.01
@@ -302,7 +302,7 @@ def throughput(
         return fits[-1].samples, fits[-1]
 
     def tm_magic() -> Session:
-        return ip.magics_manager.registry["TorchMagics"].session
+        return notebook_session()
 
     # warm-up: oneDNN primitives, the magic's imports (matplotlib for the chart)
     hand_epoch(model, optimizer, _first(train_loader, warm), device)
