@@ -17,18 +17,24 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, MutableMapping, Sequence
+from collections.abc import Callable, Container, Iterable, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from .devices import device as devices
-from .devices import estimate as estimates
-from .devices import memory, pinbench, placement
-from .diagnostics import doctor
+from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
+from .devices.device import move as move_model
+from .devices.estimate import Estimate
+from .devices.estimate import estimate as estimate_step
+from .devices.memory import MemoryReport, ResetReport, breakdown
+from .devices.memory import reset_peaks as reset_peak_counters
+from .devices.pinbench import PinReport
+from .devices.pinbench import pinbench as time_host_copies
+from .devices.placement import CheckReport, find_misplaced
 from .diagnostics.compiled import CompileWatch
+from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
 from .surgery import edits, scheduler_sync
@@ -316,9 +322,9 @@ class Session:
         edits (the notebook calls this after every cell)."""
         self.compile_watch.observe(self.workspace.namespace, self.workspace.hidden)
 
-    def doctor(self) -> doctor.DoctorReport:
+    def doctor(self) -> DoctorReport:
         """The classic transfer-learning mistakes in the namespace; changes nothing."""
-        return doctor.diagnose(
+        return diagnose(
             self.workspace.namespace,
             hidden=self.workspace.hidden,
             amp=self.amp,
@@ -328,15 +334,15 @@ class Session:
 
     # -- devices and memory ----------------------------------------------------------
 
-    def devices(self) -> devices.DeviceReport:
+    def devices(self) -> DeviceReport:
         """Every device this process can use, with the session's marked."""
-        return devices.list_devices(self.device)
+        return list_devices(self.device)
 
-    def set_device(self, spec: str | torch.device) -> devices.DeviceReport:
+    def set_device(self, spec: str | torch.device) -> DeviceReport:
         """Make ``spec`` (``"cuda:1"``, ``"cpu"``, ``"mps"``, ``"auto"``) the session's
         device, where :meth:`move` sends models and :meth:`fit` expects them; returns
         the device list with it marked."""
-        self.device = devices.resolve_device(spec)
+        self.device = resolve_device(spec)
         return self.devices()
 
     def model_device(self, model: nn.Module) -> torch.device:
@@ -352,23 +358,23 @@ class Session:
         _, module = self.workspace.resolve_model(model)
         return self.model_device(unwrap(module)).type
 
-    def move(self, model: str | None = None) -> devices.MoveReport:
+    def move(self, model: str | None = None) -> MoveReport:
         """Move the (current) model with its optimizer state and the GradScaler to the
         session's device (chosen automatically when none is set), keeping every
         Parameter object; that device becomes the session's."""
         bound = self.bound(model)
-        target = self.device or devices.resolve_device("auto")
-        report = devices.move(
+        target = self.device or resolve_device("auto")
+        report = move_model(
             bound.model, target, bound.optimizer, self.amp.scaler, model_name=bound.model_name
         )
         self.device = target
         return report
 
-    def check(self, model: str | None = None) -> placement.CheckReport:
+    def check(self, model: str | None = None) -> CheckReport:
         """Tensors of the (current) model, its optimizer and the GradScaler that are not
         where the model's parameters are, each with its fix; changes nothing."""
         bound = self.bound(model)
-        return placement.find_misplaced(
+        return find_misplaced(
             bound.model,
             bound.optimizer,
             self.amp.scaler,
@@ -376,12 +382,12 @@ class Session:
             optimizer_name=bound.optimizer_name or "optimizer",
         )
 
-    def pinbench(self, loader: object) -> pinbench.PinReport:
+    def pinbench(self, loader: object) -> PinReport:
         """Time pageable against pinned host→device copies of one batch of ``loader``
         (a variable name, a DataLoader, any iterable of batches, or a batch)."""
-        return pinbench.pinbench(self._variable(loader, "loader"), self.device)
+        return time_host_copies(self._variable(loader, "loader"), self.device)
 
-    def memory(self, model: str | None = None) -> memory.MemoryReport:
+    def memory(self, model: str | None = None) -> MemoryReport:
         """Memory in use on the (current) model's device, broken down into parameters,
         gradients, optimizer state and the rest; the device figures alone when no model
         is named and none can be found."""
@@ -390,13 +396,13 @@ class Session:
         except TorchMagicError:
             if model is not None:
                 raise
-            return memory.breakdown(None)
-        return memory.breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+            return breakdown(None)
+        return breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
 
-    def reset_peaks(self, tracebacks: bool = False) -> memory.ResetReport:
+    def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
         """Start the peak-memory counters again; ``tracebacks`` also forgets the last
         traceback, whose frames can keep tensors alive."""
-        return memory.reset_peaks(tracebacks)
+        return reset_peak_counters(tracebacks)
 
     def estimate(
         self,
@@ -404,12 +410,12 @@ class Session:
         *,
         optimizer_class: str | type[torch.optim.Optimizer] | None = None,
         input_shape: Sequence[int] | None = None,
-    ) -> estimates.Estimate:
+    ) -> Estimate:
         """Bytes a training step of the (current) model will hold: weights, gradients,
         optimizer state (its own optimizer's, or ``optimizer_class``'s such as
         ``"AdamW"``) and, given ``input_shape``, saved activations."""
         bound = self.bound(model)
-        return estimates.estimate(
+        return estimate_step(
             bound.model,
             optimizer_class or bound.optimizer,
             None if input_shape is None else tuple(input_shape),
@@ -447,9 +453,9 @@ class Session:
 
     # -- training --------------------------------------------------------------------
 
-    def _loader(self, value: object, param: str) -> object:
+    def _loader(self, value: object, param: str) -> Iterable:
         value = self._variable(value, param)
-        if not hasattr(value, "__iter__"):
+        if not isinstance(value, Iterable):
             raise TorchMagicError(
                 f"{param} must be an iterable of batches, got {type(value).__name__}",
                 param=param,

@@ -102,7 +102,7 @@ class Workspace:
         name, model = self.resolve_model(roots[0] if roots else None)
         for target in relative:
             head = target.head
-            if head in self.namespace and head not in unwrap(model)._modules:
+            if head is not None and head in self.namespace and head not in unwrap(model)._modules:
                 raise TorchMagicError(f"{self._not_a_model(head)} (in '{target.text}')")
         if len(relative) > 1:  # `model "*.bn*"`: a bare model name only sets the root
             relative = [t for t in relative if not t.is_whole] or relative[:1]
@@ -154,7 +154,7 @@ class Workspace:
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
         """Schedulers driving ``optimizer``: bound to variables, or inside lists, tuples
         and dicts bound to variables, with the children of Sequential/Chained ones."""
-        found = []
+        found: list[object] = []
         for _, value in self.items():
             if isinstance(value, (list, tuple)):
                 found.extend(value)

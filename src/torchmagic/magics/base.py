@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics
 from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
@@ -55,13 +56,16 @@ class KeyOption:
     help: str
 
 
+Handler = Callable[[Any, list[str], argparse.Namespace], "Rendered"]
+
+
 @dataclass(frozen=True)
 class Subcommand:
     """One subcommand of a magic (``%tm undo``): the method that runs it and the words
     that may follow it. The method takes (the words after it, the parsed line)."""
 
     name: str  # "" for the magic alone (``%gpumem``)
-    handler: str
+    handler: Handler
     help: str
     words: str = ""  # usage of what follows: "NAME", "[MODEL]", "on|off"
     arity: tuple[int, int] = (0, 0)  # fewest and most words after it
@@ -149,6 +153,8 @@ class TopicMagics(Magics):
     """The base of each topic's magics: they all drive the one :class:`TorchMagics`
     configurable's Session and follow its settings."""
 
+    shell: InteractiveShell  # always given: the extension creates topics for a shell
+
     def __init__(self, shell, settings: TorchMagics) -> None:
         super().__init__(shell=shell)
         self.settings = settings
@@ -201,7 +207,7 @@ class TopicMagics(Magics):
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
         with self.refusals(magic):
-            return getattr(self, entry.handler)(rest, args)
+            return entry.handler(self, rest, args)
 
     def show(self, rendered: object) -> None:
         display(rendered)

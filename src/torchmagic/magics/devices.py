@@ -27,55 +27,7 @@ class DeviceMagics(TopicMagics):
     def close(self) -> None:
         self._watch(False)
 
-    @magic_arguments()
-    @argument(
-        "words",
-        nargs="*",
-        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench LOADER",
-        help="nothing: list devices; a device: set the session's device; move, check or pinbench",
-    )
-    @subcommands(
-        Subcommand(
-            "", "_devices", "every device (name, capability, memory, bf16) and the session's"
-        ),
-        Subcommand(
-            "move",
-            "_move",
-            "move a model with its optimizer state and GradScaler to the session's device",
-            words="[MODEL]",
-            arity=(0, 1),
-        ),
-        Subcommand(
-            "check",
-            "_check",
-            "list tensors not where the model's parameters are, with the fix",
-            words="[MODEL]",
-            arity=(0, 1),
-        ),
-        Subcommand(
-            "pinbench",
-            "_pinbench",
-            "time pageable vs pinned host-to-device copies of one batch",
-            words="LOADER",
-            arity=(1, 1),
-        ),
-        other=Subcommand(
-            "*",
-            "_set_device",
-            "make this the session's device",
-            words="cuda:N|cpu|mps|auto",
-            arity=(1, 1),
-        ),
-    )
-    @line_magic
-    def device(self, line: str) -> None:
-        """List every device (name, capability, free/total memory, bf16) and the session's;
-        set the session's device; move a model with its optimizer state and GradScaler
-        (bytes reported, references kept); list tensors not where the model's parameters
-        are (unregistered tensor attributes too) with the fix; time pageable vs pinned
-        host-to-device copies of one batch."""
-        args = parse(self.device, line)
-        self.show(self.dispatch(self.device, args.words, args))
+    # -- subcommands: one Session call each, rendered (the tables below list them) ---
 
     def _devices(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return device_render.devices(self.session.devices(), self.width)
@@ -91,6 +43,73 @@ class DeviceMagics(TopicMagics):
 
     def _pinbench(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return device_render.pin_report(self.session.pinbench(words[0]), self.width)
+
+    def _memory(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return memory_render.memory(self.session.memory(), self.width)
+
+    def _reset(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return memory_render.reset(self.session.reset_peaks(args.tracebacks), self.width)
+
+    def _estimate(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        shape = parse_shape(args.input_shape) if args.input_shape else None
+        report = self.session.estimate(
+            *words, optimizer_class=args.optimizer_class, input_shape=shape
+        )
+        return memory_render.estimate(report, self.width)
+
+    def _watch_switch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        if words[0] not in ("on", "off"):
+            raise TorchMagicError(f"watch takes on or off, got '{words[0]}'", param="words")
+        self._watch(words[0] == "on")
+        return render.message(f"memory watch {words[0]}", self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench LOADER",
+        help="nothing: list devices; a device: set the session's device; move, check or pinbench",
+    )
+    @subcommands(
+        Subcommand("", _devices, "every device (name, capability, memory, bf16) and the session's"),
+        Subcommand(
+            "move",
+            _move,
+            "move a model with its optimizer state and GradScaler to the session's device",
+            words="[MODEL]",
+            arity=(0, 1),
+        ),
+        Subcommand(
+            "check",
+            _check,
+            "list tensors not where the model's parameters are, with the fix",
+            words="[MODEL]",
+            arity=(0, 1),
+        ),
+        Subcommand(
+            "pinbench",
+            _pinbench,
+            "time pageable vs pinned host-to-device copies of one batch",
+            words="LOADER",
+            arity=(1, 1),
+        ),
+        other=Subcommand(
+            "*",
+            _set_device,
+            "make this the session's device",
+            words="cuda:N|cpu|mps|auto",
+            arity=(1, 1),
+        ),
+    )
+    @line_magic
+    def device(self, line: str) -> None:
+        """List every device (name, capability, free/total memory, bf16) and the session's;
+        set the session's device; move a model with its optimizer state and GradScaler
+        (bytes reported, references kept); list tensors not where the model's parameters
+        are (unregistered tensor attributes too) with the fix; time pageable vs pinned
+        host-to-device copies of one batch."""
+        args = parse(self.device, line)
+        self.show(self.dispatch(self.device, args.words, args))
 
     @magic_arguments()
     @argument(
@@ -118,19 +137,19 @@ class DeviceMagics(TopicMagics):
         help="with estimate: an optimizer class to estimate for, e.g. AdamW",
     )
     @subcommands(
-        Subcommand("", "_memory", "the breakdown of the current model's memory"),
+        Subcommand("", _memory, "the breakdown of the current model's memory"),
         Subcommand(
             "reset",
-            "_reset",
+            _reset,
             "start the peak counters again",
             options=("--tracebacks",),
         ),
         Subcommand(
-            "watch", "_watch_switch", "a one-line memory report after every cell", "on|off", (1, 1)
+            "watch", _watch_switch, "a one-line memory report after every cell", "on|off", (1, 1)
         ),
         Subcommand(
             "estimate",
-            "_estimate",
+            _estimate,
             "the bytes a training step will need",
             words="[MODEL]",
             arity=(0, 1),
@@ -146,26 +165,7 @@ class DeviceMagics(TopicMagics):
         args = parse(self.gpumem, line)
         self.show(self.dispatch(self.gpumem, args.words, args))
 
-    def _memory(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return memory_render.memory(self.session.memory(), self.width)
-
-    def _reset(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return memory_render.reset(self.session.reset_peaks(args.tracebacks), self.width)
-
-    def _estimate(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        shape = parse_shape(args.input_shape) if args.input_shape else None
-        report = self.session.estimate(
-            *words, optimizer_class=args.optimizer_class, input_shape=shape
-        )
-        return memory_render.estimate(report, self.width)
-
     # -- the per-cell watch (IPython events) -----------------------------------------
-
-    def _watch_switch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        if words[0] not in ("on", "off"):
-            raise TorchMagicError(f"watch takes on or off, got '{words[0]}'", param="words")
-        self._watch(words[0] == "on")
-        return render.message(f"memory watch {words[0]}", self.width)
 
     def _watch(self, on: bool) -> None:
         events = self.shell.events
@@ -178,7 +178,7 @@ class DeviceMagics(TopicMagics):
             events.unregister("post_run_cell", self._watch_post)
             self.cell_watcher = None
 
-    def _watch_pre(self, info=None) -> None:
+    def _watch_pre(self, _info=None) -> None:
         if self.cell_watcher is not None:
             self.cell_watcher.pre()
 

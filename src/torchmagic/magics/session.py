@@ -17,28 +17,7 @@ from .base import Subcommand, TopicMagics, parse, subcommands
 class SessionMagics(TopicMagics):
     """Commands about the session rather than one model."""
 
-    @magic_arguments()
-    @argument(
-        "words",
-        nargs="*",
-        metavar="history|undo|use NAME|fits|doctor|help",
-        help="history | undo | use NAME | fits | doctor | help",
-    )
-    @subcommands(
-        Subcommand("history", "_history", "the mutating commands so far"),
-        Subcommand("undo", "_undo", "revert the last command still applying to a bound model"),
-        Subcommand("use", "_use", "make NAME the current model", words="NAME", arity=(1, 1)),
-        Subcommand("fits", "_fits", "every %fit run side by side"),
-        Subcommand("doctor", "_doctor", "the classic transfer-learning mistakes, with fixes"),
-        Subcommand("help", "_help", "every magic with its usage and an example"),
-    )
-    @line_magic
-    def tm(self, line: str) -> None:
-        """Session commands: list the mutating commands, undo the last one, pick the
-        current model, compare every %fit run side by side, diagnose the classic
-        transfer-learning mistakes, show this table."""
-        args = parse(self.tm, line)
-        self.show(self.dispatch(self.tm, args.words, args))
+    # -- subcommands: one Session call each, rendered (the table below lists them) ----
 
     def _history(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.history(self.session.history(), self.width)
@@ -57,3 +36,26 @@ class SessionMagics(TopicMagics):
 
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.manifest_help(load_manifest(), self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="history|undo|use NAME|fits|doctor|help",
+        help="history | undo | use NAME | fits | doctor | help",
+    )
+    @subcommands(
+        Subcommand("history", _history, "the mutating commands so far"),
+        Subcommand("undo", _undo, "revert the last command still applying to a bound model"),
+        Subcommand("use", _use, "make NAME the current model", words="NAME", arity=(1, 1)),
+        Subcommand("fits", _fits, "every %fit run side by side"),
+        Subcommand("doctor", _doctor, "the classic transfer-learning mistakes, with fixes"),
+        Subcommand("help", _help, "every magic with its usage and an example"),
+    )
+    @line_magic
+    def tm(self, line: str) -> None:
+        """Session commands: list the mutating commands, undo the last one, pick the
+        current model, compare every %fit run side by side, diagnose the classic
+        transfer-learning mistakes, show this table."""
+        args = parse(self.tm, line)
+        self.show(self.dispatch(self.tm, args.words, args))

@@ -22,6 +22,17 @@ class TrainingMagics(TopicMagics):
     """Train with the model's own optimizer and schedulers; mixed precision for the
     session or for one cell."""
 
+    # -- subcommands: one Session call each, rendered (the table below lists them) ----
+
+    def _amp_status(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_status(), self.width)
+
+    def _amp_on(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_on(*words), self.width)
+
+    def _amp_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_off(), self.width)
+
     @magic_arguments()
     @argument(
         "words",
@@ -30,15 +41,15 @@ class TrainingMagics(TopicMagics):
         help=f"line: on {_MODE_WORDS} | off | nothing for the status; cell: {_MODE_WORDS}",
     )
     @subcommands(
-        Subcommand("", "_amp_status", "the policy: dtype, device type, GradScaler, scale"),
+        Subcommand("", _amp_status, "the policy: dtype, device type, GradScaler, scale"),
         Subcommand(
             "on",
-            "_amp_on",
+            _amp_on,
             "autocast for the session (auto: bf16 where supported, else fp16 on CUDA)",
             words=_MODE_WORDS,
             arity=(0, 1),
         ),
-        Subcommand("off", "_amp_off", "plain precision again; the scaler's state is kept"),
+        Subcommand("off", _amp_off, "plain precision again; the scaler's state is kept"),
     )
     @line_cell_magic
     def amp(self, line: str, cell: str | None = None):
@@ -63,15 +74,6 @@ class TrainingMagics(TopicMagics):
                     raise TorchMagicError("one precision at most", param="words")
                 stack.enter_context(self.session.autocast(words[0] if words else "auto"))
             return self.shell.run_cell(cell).result
-
-    def _amp_status(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_status(), self.width)
-
-    def _amp_on(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_on(*words), self.width)
-
-    def _amp_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_off(), self.width)
 
     def _bind_scaler(self) -> None:
         """Keep the user's ``scaler`` variable pointing at the session's GradScaler."""
