@@ -67,7 +67,7 @@ def test_every_subcommand_has_its_handler():
                 continue
             entries = [*table.entries, *([table.other] if table.other else [])]
             for entry in entries:
-                assert callable(getattr(topic, entry.handler, None)), (method, entry.handler)
+                assert getattr(topic, entry.handler.__name__, None) is entry.handler, method
 
 
 def test_config_matches_the_traits():
