@@ -73,7 +73,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import resnet18, resnet50
 
-from torchmagic import Session, render
+from torchmagic import Session, notebook_session, render
 from torchmagic.core.training.fit import StopReason
 
 BATCH = 64
@@ -311,7 +311,7 @@ def throughput(
         return fits[-1].samples, fits[-1]
 
     def tm_magic() -> Session:
-        return ip.magics_manager.registry["TorchMagics"].session
+        return notebook_session()
 
     # warm-up: oneDNN primitives, the magic's imports (matplotlib for the chart)
     hand_epoch(model, optimizer, _first(train_loader, warm), device)
@@ -782,7 +782,7 @@ def gpu_throughput(
     ip.push({"model": model, "optimizer": optimizer, "batches": batches})
     with capture_output():
         ip.run_cell("%amp on bf16").raise_error()
-    magic_session = ip.magics_manager.registry["TorchMagics"].session
+    magic_session = notebook_session()
 
     def hand() -> int:
         return sync_free_steps(model, optimizer, batches, steps, device.type, torch.bfloat16)

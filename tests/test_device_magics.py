@@ -5,6 +5,8 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+import torchmagic
+
 SETUP = """
 import torch
 from torch import nn
@@ -26,13 +28,15 @@ def test_device_lists_and_sets(ip):
     text = shown(ip, "%device")
     assert "cpu" in text and "session device" in text
     shown(ip, "%device cpu")
-    magics = ip.magics_manager.registry["TorchMagics"]
-    assert magics.session.device == torch.device("cpu")
+    session = torchmagic.notebook_session()
+    assert session.device == torch.device("cpu")
     with pytest.raises(UsageError, match="not available"):
         ip.run_line_magic("device", "cuda:0")
-    assert magics.session.device == torch.device("cpu")
-    with pytest.raises(UsageError, match="usage"):
+    assert session.device == torch.device("cpu")
+    with pytest.raises(UsageError, match="usage: %device cuda:N"):
         ip.run_line_magic("device", "cpu extra")
+    with pytest.raises(UsageError, match="usage: %device pinbench LOADER"):
+        ip.run_line_magic("device", "pinbench")
     assert not torch.cuda.is_initialized()
 
 
@@ -83,6 +87,10 @@ def test_doctor_healthy_then_names_the_unfreeze_bug(ip):
 def test_unload_unhooks_events(ip):
     shown(ip, "%gpumem watch on")
     ip.run_line_magic("unload_ext", "torchmagic")
+
+    def ours(callback) -> bool:
+        return type(getattr(callback, "__self__", None)).__module__.startswith("torchmagic")
+
     callbacks = ip.events.callbacks
-    assert not any("TorchMagics" in repr(cb) for cb in callbacks["post_run_cell"])
-    assert not any("TorchMagics" in repr(cb) for cb in callbacks["pre_run_cell"])
+    assert not any(ours(cb) for cb in callbacks["post_run_cell"] + callbacks["pre_run_cell"])
+    assert not any(type(c).__module__.startswith("torchmagic") for c in ip.configurables)

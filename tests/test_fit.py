@@ -129,7 +129,7 @@ def test_max_steps_and_refusals():
     history = tm.fit(train, epochs=3, max_steps=4)
     assert history.steps == 4 and history.stopped == "reached max_steps=4"
     assert history.stop_reason is StopReason.MAX_STEPS
-    with pytest.raises(TorchMagicError, match="epochs"):
+    with pytest.raises(TorchMagicError, match="^epochs must be at least 1"):
         tm.fit(train, epochs=0)
     with pytest.raises(TorchMagicError, match="unknown loss"):
         tm.fit(train, loss="nope")

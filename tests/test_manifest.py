@@ -1,56 +1,38 @@
-"""extension.json must describe exactly the registered magics, their parsers and config."""
+"""extension.json is generated from the magics (tools/gen_manifest.py): the committed file
+must be what the tool writes, describe exactly the registered magics, and be what usage
+errors read."""
 
-import argparse
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from IPython.core.error import UsageError
 
 import torchmagic
-from torchmagic.magics import KEY_OPTIONS, TorchMagics
+from torchmagic import manifest
+from torchmagic.magics import TOPICS, TorchMagics
+from torchmagic.magics.base import TopicMagics
 from torchmagic.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _parser_arguments(func) -> list[dict]:
-    out = []
-    for action in func.parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
-        positional = not action.option_strings
-        flag = isinstance(action, argparse._StoreTrueAction)
-        out.append(
-            {
-                "name": action.dest if positional else max(action.option_strings, key=len),
-                "dest": action.dest,
-                "kind": "positional" if positional else ("flag" if flag else "option"),
-                "nargs": action.nargs if not flag else None,
-                "choices": list(action.choices) if action.choices else None,
-                "default": action.default,
-                "type": {None: "bool" if flag else "str", int: "int", float: "float"}.get(
-                    action.type, getattr(action.type, "__name__", "?")
-                ),
-                "help": action.help,
-            }
-        )
-    return out
+def _tool() -> ModuleType:
+    """tools/gen_manifest.py, imported by path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gen_manifest", ROOT / "tools/gen_manifest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _manifest_arguments(magic: dict) -> list[dict]:
-    return [
-        {
-            "name": a["name"],
-            "dest": a.get("dest", a["name"]),
-            "kind": a["kind"],
-            "nargs": a.get("nargs"),
-            "choices": a.get("choices"),
-            "default": a["default"],
-            "type": a["type"],
-            "help": a["help"],
-        }
-        for a in magic["arguments"]
-    ]
+def test_committed_file_is_what_the_tool_generates():
+    committed = (ROOT / "extension.json").read_text()
+    assert committed == _tool().render(), (
+        "extension.json is out of date: run python tools/gen_manifest.py"
+    )
 
 
 def test_package_copy_is_the_repository_file():
@@ -58,28 +40,34 @@ def test_package_copy_is_the_repository_file():
 
 
 def test_header():
-    manifest = load_manifest()
-    assert manifest["name"] == "torchmagic" and manifest["version"] == torchmagic.__version__
-    assert manifest["load"] == "%load_ext torchmagic"
+    data = load_manifest()
+    assert data["name"] == "torchmagic" and data["version"] == torchmagic.__version__
+    assert data["load"] == "%load_ext torchmagic" and data["config_class"] == "TorchMagics"
 
 
-def test_every_registered_magic_is_described_and_vice_versa():
-    registered = set(TorchMagics.magics["line"]) | {f"%%{n}" for n in TorchMagics.magics["cell"]}
+def test_every_registered_magic_is_described_and_vice_versa(ip):
+    def ours(kind: str) -> set[str]:
+        table = ip.magics_manager.magics[kind]
+        return {
+            n for n, f in table.items() if isinstance(getattr(f, "__self__", None), TopicMagics)
+        }
+
+    registered = ours("line") | {f"%%{n}" for n in ours("cell")}
     described = {
         m["name"] if m["kind"] == "line" else f"%%{m['name']}" for m in load_manifest()["magics"]
     }
     assert registered == described
 
 
-@pytest.mark.parametrize("magic", load_manifest()["magics"], ids=lambda m: m["name"])
-def test_arguments_match_the_parser(magic):
-    func = getattr(TorchMagics, TorchMagics.magics[magic["kind"]][magic["name"]])
-    prefix = "%%" if magic["kind"] == "cell" else "%"
-    assert _manifest_arguments(magic) == _parser_arguments(func)
-    keys = [kv["name"] for kv in magic["key_values"]]
-    assert tuple(keys) == KEY_OPTIONS.get(magic["name"], ())
-    assert magic["example"].startswith(f"{prefix}{magic['name']}")
-    assert magic["usage"].startswith(f"{prefix}{magic['name']}")
+def test_every_subcommand_has_its_handler():
+    for topic in TOPICS:
+        for method in topic.magics["line"].values():
+            table = getattr(getattr(topic, method), "subcommands", None)
+            if table is None:
+                continue
+            entries = [*table.entries, *([table.other] if table.other else [])]
+            for entry in entries:
+                assert getattr(topic, entry.handler.__name__, None) is entry.handler, method
 
 
 def test_config_matches_the_traits():
@@ -88,5 +76,17 @@ def test_config_matches_the_traits():
     assert set(described) == set(traits)
     for name, trait in traits.items():
         assert described[name]["default"] == trait.default_value, name
-        if hasattr(trait, "values"):
-            assert described[name]["choices"] == list(trait.values), name
+
+
+def test_usage_errors_read_the_manifest(ip, monkeypatch):
+    data = json.loads(json.dumps(load_manifest()))
+    for magic in data["magics"]:
+        if magic["name"] == "tm":
+            magic["usage"] = "%tm FROM-THE-MANIFEST"
+            for sub in magic["subcommands"]:
+                sub["usage"] = f"%tm {sub['name']} FROM-THE-MANIFEST"
+    monkeypatch.setattr(manifest, "load_manifest", lambda: data)
+    with pytest.raises(UsageError, match="usage: %tm FROM-THE-MANIFEST"):
+        ip.run_line_magic("tm", "bogus")
+    with pytest.raises(UsageError, match="usage: %tm use FROM-THE-MANIFEST"):
+        ip.run_line_magic("tm", "use")

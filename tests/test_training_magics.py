@@ -5,6 +5,8 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+import torchmagic
+
 SETUP = """
 import torch
 from torch import nn
@@ -48,8 +50,7 @@ def test_fp16_on_the_cpu_is_one_usage_error(ip):
 def test_fp16_binds_the_scaler_variable(ip, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     run(ip, SETUP)
-    magics = ip.magics_manager.registry["TorchMagics"]
-    magics.session.device = torch.device("cuda")  # the logic, not a real GPU
+    torchmagic.notebook_session().device = torch.device("cuda")  # the logic, not a real GPU
     with capture_output():
         run(ip, "%amp on fp16")
     assert isinstance(ip.user_ns["scaler"], torch.amp.GradScaler)
@@ -64,6 +65,17 @@ def test_cell_amp_runs_the_cell_under_autocast(ip):
     run(ip, "%%amp bf16\nout = model(x[:4])")
     assert ip.user_ns["out"].dtype is torch.bfloat16
     assert run(ip, "model(x[:4]).dtype") is torch.float32
+
+
+@pytest.mark.parametrize(
+    "words, fragment", [("bogus", "unknown precision 'bogus'"), ("bf16 fp16", "usage: %%amp")]
+)
+def test_cell_amp_bad_mode_runs_nothing(ip, words, fragment):
+    run(ip, SETUP)
+    with pytest.raises(UsageError, match=fragment):
+        ip.run_cell_magic("amp", words, "ran = True")
+    assert "ran" not in ip.user_ns
+    assert not torchmagic.notebook_session().amp.enabled
 
 
 def test_fit_shows_progress_and_returns_history(ip):
@@ -87,8 +99,9 @@ def test_fit_shows_progress_and_returns_history(ip):
     "line, fragment",
     [
         ("fit nope", "no variable named 'nope'"),
-        ("fit train --epochs 0", "--epochs"),
-        ("fit a b c", "usage"),
+        ("fit train --epochs 0", "--epochs must be at least 1, got 0; usage: %fit"),
+        ("fit train --max-steps 0", "--max-steps must be at least 1"),
+        ("fit a b c", "usage: %fit"),
         ("fit train --loss nope", "unknown loss"),
     ],
 )
@@ -113,8 +126,6 @@ def test_history_html_has_a_chart_when_matplotlib_is_installed(ip):
 
 
 def test_notebook_session_offers_autocast_and_step(ip):
-    import torchmagic
-
     run(ip, SETUP)
     with capture_output():
         run(ip, "%amp on bf16")

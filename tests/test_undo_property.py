@@ -47,7 +47,7 @@ ops = st.one_of(
     st.tuples(
         st.just("unfreeze"),
         st.sampled_from(TARGETS),
-        st.sampled_from([None, 1e-3, "1e-4:1e-2"]),
+        st.sampled_from([None, 1e-3, (1e-4, 1e-2)]),
         st.booleans(),
     ),
     st.tuples(

@@ -44,35 +44,27 @@ def notebook_session() -> Session:
     """
     from IPython import get_ipython
 
+    from .magics import loaded
+
     shell = get_ipython()
-    magics = shell.magics_manager.registry.get("TorchMagics") if shell is not None else None
-    if magics is None:
+    extension = loaded(shell) if shell is not None else None
+    if extension is None:
         raise RuntimeError("torchmagic is not loaded here: run %load_ext torchmagic first")
-    return magics.session
+    return extension.session
 
 
 def load_ipython_extension(ipython) -> None:
     """Register the magics (``%load_ext torchmagic``)."""
-    from .magics import TorchMagics
+    from .magics import TorchMagics, loaded
 
-    # Magics.__init__ makes the shell its parent (so ipython_config.py applies) and
-    # lists it in shell.configurables (so %config TorchMagics.… reaches it).
-    ipython.register_magics(TorchMagics(shell=ipython))
+    if loaded(ipython) is None:
+        TorchMagics.load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    """Remove the magics again (``%unload_ext torchmagic``)."""
-    from .magics import TorchMagics
+    """Remove the magics, their hooks and settings again (``%unload_ext torchmagic``)."""
+    from .magics import loaded
 
-    def ours(obj: object) -> bool:
-        return isinstance(getattr(obj, "__self__", obj), TorchMagics)
-
-    manager = ipython.magics_manager
-    instance = manager.registry.get("TorchMagics")
-    if instance is not None:
-        instance.close()
-    for table in manager.magics.values():
-        for name in [n for n, f in table.items() if ours(f)]:
-            del table[name]
-    manager.registry.pop("TorchMagics", None)
-    ipython.configurables[:] = [c for c in ipython.configurables if not ours(c)]
+    extension = loaded(ipython)
+    if extension is not None:
+        extension.unload()

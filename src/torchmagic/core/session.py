@@ -1,5 +1,7 @@
-"""The engine's front door: a Session resolves names, runs one edit inside a transaction,
-measures it, and keeps the history for undo.
+"""The engine's one front door: every capability a magic has is a Session method, for
+notebooks and scripts alike. A Session resolves names, runs each edit inside a transaction,
+keeps the history for undo, and delegates the rest to its domain (devices, memory, AMP,
+training, diagnostics).
 
 Notebook: the magics hold one Session over the kernel's ``user_ns``. Script::
 
@@ -8,36 +10,44 @@ Notebook: the magics hold one Session over the kernel's ``user_ns``. Script::
     tm.replace_head("fc", 10)
     tm.unfreeze("layer4", lr=1e-4)
     tm.undo()
+
+Values are typed (``lr=(1e-5, 1e-4)``, ``input_shape=(8, 3, 224, 224)``); parsing the
+text of a magic line is the grammar's job. Refusals name the Python parameter at fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, MutableMapping, Sequence
+from collections.abc import Callable, Container, Iterable, MutableMapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from . import distributed
+from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
+from .devices.device import move as move_model
+from .devices.estimate import Estimate
+from .devices.estimate import estimate as estimate_step
+from .devices.memory import MemoryReport, ResetReport, breakdown
+from .devices.memory import reset_peaks as reset_peak_counters
+from .devices.pinbench import PinReport
+from .devices.pinbench import pinbench as time_host_copies
+from .devices.placement import CheckReport, find_misplaced
+from .diagnostics.compiled import CompileWatch
+from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
 from .surgery import edits, scheduler_sync
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
-from .surgery.grammar import (
-    LrSpec,
-    check_positive,
-    parse_lr,
-    parse_positive_float,
-    parse_targets,
-    spread_lrs,
-)
+from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
 from .surgery.history import History, Record
 from .surgery.results import Change, Effect, HistoryEntry, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
 from .surgery.transaction import Transaction
-from .training.amp import AmpController, AmpStatus
+from .training.amp import AmpController, AmpStatus, cell_autocast
 from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
 from .training.fit import fit as run_fit
 from .training.schedule_steps import SchedStep
@@ -55,11 +65,13 @@ class SessionConfig:
 
 
 class Session:
-    """Transfer-learning surgery on live objects, with undo.
+    """Transfer learning on live objects, with undo: surgery, training, devices, memory,
+    mixed precision and diagnostics behind one object.
 
     Give it a model and optimizer (scripts), or a namespace dict in which it finds them by
-    variable name (notebooks). Target strings use the grammar of the magics: ``layer1-3``,
-    ``features.0-6``, ``"*.bn*"``, ``model.fc``.
+    variable name (notebooks). Target strings use the target grammar: ``layer1-3``,
+    ``features.0-6``, ``"*.bn*"``, ``model.fc``. Methods that take ``model`` take a
+    variable name; without one they use the current model.
     """
 
     def __init__(
@@ -81,9 +93,10 @@ class Session:
         self.workspace = Workspace(namespace, hidden)
         self.config = config or SessionConfig()
         self._history = History()
-        self.device: torch.device | None = None  # set by %device; None: where the model is
+        self.device: torch.device | None = None  # set_device(); None: where the model is
         self.amp = AmpController()
         self.fits: list[FitHistory] = []
+        self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
 
     # -- resolving -------------------------------------------------------------------
 
@@ -106,6 +119,33 @@ class Session:
         for t in excluded:
             relative_excluded.append(t.without_head() if t.head == name else t)
         return target, select(target.model, relative, relative_excluded)
+
+    def _one_module(
+        self, where: str | None, optimizer: str | None = None
+    ) -> tuple[edits.BoundModel, str, nn.Module]:
+        """The model ``where`` names (or the current one) and the one module inside it
+        that ``where``'s path names: (bound model, relative name, module)."""
+        if where is None:
+            name, model = self.workspace.resolve_model()
+            relative = None
+        else:
+            name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
+            relative = relative_targets[0]
+        target = self._target(name, model, optimizer)
+        if relative is None or relative.is_whole:
+            return target, "", target.model
+        hits = resolve(target.model, relative)
+        if len(hits) != 1:
+            raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one", param="where")
+        return target, hits[0][0], hits[0][1]
+
+    def _variable(self, value: object, param: str) -> object:
+        """``value``, or the object bound to it when it is a variable name."""
+        if not isinstance(value, str):
+            return value
+        if value not in self.workspace.namespace:
+            raise TorchMagicError(f"no variable named '{value}' for {param}", param=param)
+        return self.workspace.namespace[value]
 
     # -- running ---------------------------------------------------------------------
 
@@ -148,7 +188,7 @@ class Session:
             self.workspace.optimizer_of[target.model_name] = target.optimizer_name
         return change
 
-    # -- commands --------------------------------------------------------------------
+    # -- surgery ---------------------------------------------------------------------
 
     def freeze(
         self,
@@ -163,11 +203,11 @@ class Session:
         aside for undo), BatchNorm per policy. No targets means the whole model."""
         policy = bn or self.config.bn_policy
         if policy not in POLICIES:
-            raise TorchMagicError(f"--bn {policy}: choose one of {', '.join(POLICIES)}")
+            raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
         target, selection = self._selection(targets, exclude, optimizer)
         return self._run(
             "freeze",
-            command or _command("freeze", targets, exclude=exclude),
+            command or _call("freeze", *targets, exclude=list(exclude) or None, bn=bn),
             target,
             dry_run,
             lambda tx: edits.freeze(target, selection, policy, tx),
@@ -176,8 +216,8 @@ class Session:
     def unfreeze(
         self,
         *targets: str,
-        lr: LrSpec | str = None,
-        wd: float | str | None = None,
+        lr: LrSpec = None,
+        wd: float | None = None,
         exclude: Sequence[str] = (),
         optimizer: str | None = None,
         dry_run: bool = False,
@@ -185,20 +225,17 @@ class Session:
     ) -> Change:
         """Train ``targets`` again, each block in its own named param group.
 
-        ``lr`` is a float, ``(first, last)`` or ``"first:last"`` for a geometric spread
-        over the blocks in module order; without it, ``unfreeze_lr_ratio`` × the head
-        group's lr. ``wd`` overrides weight decay for the new groups.
+        ``lr`` is a float, or ``(first, last)`` for a geometric spread over the blocks in
+        module order; without it, ``unfreeze_lr_ratio`` × the head group's lr. ``wd``
+        overrides weight decay for the new groups.
         """
-        lr_spec = parse_lr(lr) if isinstance(lr, str) else _checked_lr(lr)
-        if isinstance(wd, str):
-            weight_decay = parse_positive_float(wd, "wd", allow_zero=True)
-        else:
-            weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
+        lr_spec = _checked_lr(lr)
+        weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
         target, selection = self._selection(targets, exclude, optimizer)
         lrs = spread_lrs(lr_spec, len(selection.blocks))
         return self._run(
             "unfreeze",
-            command or _command("unfreeze", targets, exclude=exclude),
+            command or _call("unfreeze", *targets, lr=lr, wd=wd, exclude=list(exclude) or None),
             target,
             dry_run,
             lambda tx: edits.unfreeze(
@@ -208,8 +245,8 @@ class Session:
 
     def replace_head(
         self,
-        where: str | None = "auto",
-        num_classes: int = 0,
+        where: str | None,
+        num_classes: int,
         *,
         dropout: float | None = None,
         optimizer: str | None = None,
@@ -223,25 +260,13 @@ class Session:
         """
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise TorchMagicError(
-                f"the number of classes must be a positive integer, got {num_classes}"
+                f"num_classes must be a positive integer, got {num_classes!r}",
+                param="num_classes",
             )
-        if where in (None, "auto"):
-            name, model = self.workspace.resolve_model()
-            root_name, relative = "", None
-        else:
-            name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
-            relative = relative_targets[0]
-            root_name = ""
-        target = self._target(name, model, optimizer)
-        root = target.model
-        if relative is not None and not relative.is_whole:
-            hits = resolve(root, relative)
-            if len(hits) != 1:
-                raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one head")
-            root_name, root = hits[0]
+        target, root_name, root = self._one_module(None if where == "auto" else where, optimizer)
         return self._run(
             "replace_head",
-            command or f"replace_head {where or 'auto'} {num_classes}",
+            command or _call("replace_head", where, num_classes, dropout=dropout),
             target,
             dry_run,
             lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx),
@@ -250,20 +275,9 @@ class Session:
     def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""
         if depth is not None and depth < 0:
-            raise TorchMagicError(f"--depth must be >= 0, got {depth}")
-        if where is None:
-            name, model = self.workspace.resolve_model()
-            relative = None
-        else:
-            name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
-            relative = relative_targets[0]
-        target = self._target(name, model, None)
-        root, label = target.model, name
-        if relative is not None and not relative.is_whole:
-            hits = resolve(root, relative)
-            if len(hits) != 1:
-                raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one")
-            label, root = f"{name}.{hits[0][0]}", hits[0][1]
+            raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
+        target, relative_name, root = self._one_module(where)
+        label = f"{target.model_name}.{relative_name}" if relative_name else target.model_name
         return summarize(
             root,
             model_name=label,
@@ -274,11 +288,14 @@ class Session:
             max_rows=self.config.summary_max_rows,
         )
 
+    # -- session ---------------------------------------------------------------------
+
     def _is_live(self, record: Record) -> bool:
         bound = self.workspace.namespace.get(record.change.model_name)
         return isinstance(bound, nn.Module) and unwrap(bound) is record.model
 
     def history(self) -> tuple[HistoryEntry, ...]:
+        """Every command so far, oldest first; entries on a rebound model are stale."""
         return self._history.entries(self._is_live)
 
     def undo(self) -> Change:
@@ -301,7 +318,39 @@ class Session:
             ),
         )
 
-    # -- training --------------------------------------------------------------------
+    def use(self, name: str) -> str:
+        """Make ``name`` the current model for commands that do not name one."""
+        self.workspace.resolve_model(name)
+        self.workspace.current = name
+        return name
+
+    def observe_compiled(self) -> None:
+        """Remember compiled models as they are now, so :meth:`doctor` can tell later
+        edits (the notebook calls this after every cell)."""
+        self.compile_watch.observe(self.workspace.namespace, self.workspace.hidden)
+
+    def doctor(self) -> DoctorReport:
+        """The classic transfer-learning mistakes in the namespace; changes nothing."""
+        return diagnose(
+            self.workspace.namespace,
+            hidden=self.workspace.hidden,
+            amp=self.amp,
+            compile_watch=self.compile_watch,
+            device=self.device,
+        )
+
+    # -- devices and memory ----------------------------------------------------------
+
+    def devices(self) -> DeviceReport:
+        """Every device this process can use, with the session's marked."""
+        return list_devices(self.device)
+
+    def set_device(self, spec: str | torch.device) -> DeviceReport:
+        """Make ``spec`` (``"cuda:1"``, ``"cpu"``, ``"mps"``, ``"auto"``) the session's
+        device, where :meth:`move` sends models and :meth:`fit` expects them; returns
+        the device list with it marked."""
+        self.device = resolve_device(spec)
+        return self.devices()
 
     def model_device(self, model: nn.Module) -> torch.device:
         """Where ``model``'s parameters live (the CPU for a model without any)."""
@@ -316,27 +365,107 @@ class Session:
         _, module = self.workspace.resolve_model(model)
         return self.model_device(unwrap(module)).type
 
+    def move(self, model: str | None = None) -> MoveReport:
+        """Move the (current) model with its optimizer state and the GradScaler to the
+        session's device (chosen automatically when none is set), keeping every
+        Parameter object; that device becomes the session's."""
+        bound = self.bound(model)
+        target = self.device or resolve_device("auto")
+        report = move_model(
+            bound.model, target, bound.optimizer, self.amp.scaler, model_name=bound.model_name
+        )
+        self.device = target
+        return report
+
+    def check(self, model: str | None = None) -> CheckReport:
+        """Tensors of the (current) model, its optimizer and the GradScaler that are not
+        where the model's parameters are, each with its fix; changes nothing."""
+        bound = self.bound(model)
+        return find_misplaced(
+            bound.model,
+            bound.optimizer,
+            self.amp.scaler,
+            model_name=bound.model_name,
+            optimizer_name=bound.optimizer_name or "optimizer",
+        )
+
+    def pinbench(self, loader: object) -> PinReport:
+        """Time pageable against pinned host→device copies of one batch of ``loader``
+        (a variable name, a DataLoader, any iterable of batches, or a batch)."""
+        return time_host_copies(self._variable(loader, "loader"), self.device)
+
+    def memory(self, model: str | None = None) -> MemoryReport:
+        """Memory in use on the (current) model's device, broken down into parameters,
+        gradients, optimizer state and the rest; the device figures alone when no model
+        is named and none can be found."""
+        try:
+            bound = self.bound(model)
+        except TorchMagicError:
+            if model is not None:
+                raise
+            return breakdown(None)
+        return breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+
+    def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
+        """Start the peak-memory counters again; ``tracebacks`` also forgets the last
+        traceback, whose frames can keep tensors alive."""
+        return reset_peak_counters(tracebacks)
+
+    def estimate(
+        self,
+        model: str | None = None,
+        *,
+        optimizer_class: str | type[torch.optim.Optimizer] | None = None,
+        input_shape: Sequence[int] | None = None,
+    ) -> Estimate:
+        """Bytes a training step of the (current) model will hold: weights, gradients,
+        optimizer state (its own optimizer's, or ``optimizer_class``'s such as
+        ``"AdamW"``) and, given ``input_shape``, saved activations."""
+        bound = self.bound(model)
+        return estimate_step(
+            bound.model,
+            optimizer_class or bound.optimizer,
+            None if input_shape is None else tuple(input_shape),
+            model_name=bound.model_name,
+        )
+
+    # -- mixed precision -------------------------------------------------------------
+
+    def amp_status(self) -> AmpStatus:
+        """The precision policy: off, or autocast dtype and device type, with the scaler."""
+        return self.amp.status()
+
     def amp_on(self, mode: str = "auto", model: str | None = None) -> AmpStatus:
-        """Autocast for training on the session's device (else the current model's)."""
+        """Autocast for training on the session's device (else the current model's):
+        ``mode`` is ``"auto"`` (bf16 where supported), ``"bf16"`` or ``"fp16"`` (with a
+        GradScaler)."""
         return self.amp.turn_on(self.device_type(model), mode)
 
-    def autocast(self):
-        """``with tm.autocast():`` around forward and loss in a hand-written loop."""
-        return self.amp.autocast()
+    def amp_off(self) -> AmpStatus:
+        """Plain precision again; an fp16 GradScaler's state is kept for next time."""
+        return self.amp.turn_off()
+
+    def autocast(self, mode: str | None = None) -> AbstractContextManager:
+        """``with tm.autocast():`` around forward and loss in a hand-written loop (the
+        session's policy); with ``mode``, that precision for this block only, on the
+        session's device type, leaving the policy as it is."""
+        if mode is None:
+            return self.amp.autocast()
+        return cell_autocast(self.amp, mode, self.device_type())
 
     def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
         """backward, (unscale) step, scaler update, zero_grad — correct under every
         precision policy; returns whether the optimizer stepped."""
         return self.amp.step(loss, optimizer)
 
-    def _loader(self, value: object, what: str) -> object:
-        if isinstance(value, str):
-            if value not in self.workspace.namespace:
-                raise TorchMagicError(f"no variable named '{value}' for {what}")
-            value = self.workspace.namespace[value]
-        if not hasattr(value, "__iter__"):
+    # -- training --------------------------------------------------------------------
+
+    def _loader(self, value: object, param: str) -> Iterable:
+        value = self._variable(value, param)
+        if not isinstance(value, Iterable):
             raise TorchMagicError(
-                f"{what} must be an iterable of batches, got {type(value).__name__}"
+                f"{param} must be an iterable of batches, got {type(value).__name__}",
+                param=param,
             )
         return value
 
@@ -358,10 +487,6 @@ class Session:
         the AMP policy; returns the history, which the session also keeps in ``fits``.
         ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
         instead of each one's own (see ``core.training.schedule_steps``)."""
-        if epochs < 1:
-            raise TorchMagicError(f"--epochs must be at least 1, got {epochs}")
-        if max_steps is not None and max_steps < 1:
-            raise TorchMagicError(f"--max-steps must be at least 1, got {max_steps}")
         name, module = self.workspace.resolve_model(model)
         target = self._target(name, module, optimizer)
         if target.optimizer is None:
@@ -374,12 +499,12 @@ class Session:
         if self.device is not None and self.device != device:
             raise TorchMagicError(
                 f"'{name}' is on {device} but the session device is {self.device}; "
-                "run %device move first"
+                "move it there first"
             )
         if self.amp.enabled and self.amp.device_type != device.type:
             raise TorchMagicError(
                 f"AMP is on for {self.amp.device_type} but '{name}' is on {device.type}; "
-                "run %amp on again"
+                f"turn AMP on again for {device.type}"
             )
         plan = FitPlan(
             model=target.model,
@@ -389,8 +514,8 @@ class Session:
             loss_fn=resolve_loss(loss, self.workspace.namespace),
             device=device,
             amp=self.amp,
-            train=self._loader(train, "the training data"),
-            val=None if val is None else self._loader(val, "--val"),
+            train=self._loader(train, "train"),
+            val=None if val is None else self._loader(val, "val"),
             epochs=epochs,
             max_steps=max_steps,
             cache_features=cache_features,
@@ -404,24 +529,22 @@ class Session:
         self.workspace.current = name
         return history
 
-    def use(self, name: str) -> str:
-        """Make ``name`` the current model for commands that do not name one."""
-        self.workspace.resolve_model(name)
-        self.workspace.current = name
-        return name
-
 
 def _checked_lr(lr: LrSpec) -> LrSpec:
     if lr is None:
         return None
     if isinstance(lr, tuple):
+        if len(lr) != 2:
+            raise TorchMagicError(
+                f"lr must be a number or a (first, last) pair, got {lr}", param="lr"
+            )
         first, last = lr
         return (check_positive(first, "lr"), check_positive(last, "lr"))
     return check_positive(lr, "lr")
 
 
-def _command(action: str, targets: Sequence[str], exclude: Sequence[str] = ()) -> str:
-    parts = [action, *targets]
-    if exclude:
-        parts += ["--except", *exclude]
-    return " ".join(parts)
+def _call(action: str, *args: object, **kwargs: object) -> str:
+    """The command as the Python call that did it, for the history: ``freeze('layer1')``."""
+    parts = [repr(a) for a in args]
+    parts += [f"{key}={value!r}" for key, value in kwargs.items() if value is not None]
+    return f"{action}({', '.join(parts)})"

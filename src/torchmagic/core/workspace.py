@@ -74,9 +74,10 @@ class Workspace:
                 "e.g. model = torchvision.models.resnet18(weights=None)"
             )
         names = ", ".join(sorted(models))
+        first = min(models)
         raise TorchMagicError(
-            f"which model? candidates: {names}; prefix the target with one "
-            "(e.g. %freeze model.layer1) or pick one with %tm use NAME"
+            f"which model? candidates: {names}; prefix the target with one ({first}.<path>) "
+            f"or make one current with use('{first}')"
         )
 
     def _not_a_model(self, name: str) -> str:
@@ -101,7 +102,7 @@ class Workspace:
         name, model = self.resolve_model(roots[0] if roots else None)
         for target in relative:
             head = target.head
-            if head in self.namespace and head not in unwrap(model)._modules:
+            if head is not None and head in self.namespace and head not in unwrap(model)._modules:
                 raise TorchMagicError(f"{self._not_a_model(head)} (in '{target.text}')")
         if len(relative) > 1:  # `model "*.bn*"`: a bare model name only sets the root
             relative = [t for t in relative if not t.is_whole] or relative[:1]
@@ -119,7 +120,9 @@ class Workspace:
             value = self.namespace.get(name)
             if not isinstance(value, torch.optim.Optimizer):
                 what = "no variable" if value is None else f"a {type(value).__name__}"
-                raise TorchMagicError(f"--opt {name}: {what}, not a torch.optim.Optimizer")
+                raise TorchMagicError(
+                    f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
+                )
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
@@ -137,7 +140,8 @@ class Workspace:
                     return n, o
             names = ", ".join(n for n, _ in owning)
             raise TorchMagicError(
-                f"several optimizers hold '{model_name}': {names}; pass --opt NAME"
+                f"several optimizers hold '{model_name}': {names}; name one with optimizer=NAME",
+                param="optimizer",
             )
         if owning:
             return owning[0]
@@ -150,7 +154,7 @@ class Workspace:
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
         """Schedulers driving ``optimizer``: bound to variables, or inside lists, tuples
         and dicts bound to variables, with the children of Sequential/Chained ones."""
-        found = []
+        found: list[object] = []
         for _, value in self.items():
             if isinstance(value, (list, tuple)):
                 found.extend(value)

@@ -108,18 +108,26 @@ def parse_targets(texts: Iterable[str]) -> tuple[Target, ...]:
 
 
 def check_positive(value: float, key: str, *, allow_zero: bool = False) -> float:
-    """``value`` itself when it is finite and > 0 (or >= 0), else a refusal."""
+    """``value`` as a float when it is a finite number > 0 (or >= 0), else a refusal.
+
+    Only numbers: text is the grammar's to parse (:func:`parse_positive_float`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TorchMagicError(
+            f"{key} must be a number, got {type(value).__name__} {value!r}", param=key
+        )
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise TorchMagicError(f"bad value {key}={value:g}: must be a finite number {bound}")
+        raise TorchMagicError(
+            f"bad value {key}={value:g}: must be a finite number {bound}", param=key
+        )
     return value
 
 
 def parse_positive_float(text: str, key: str, *, allow_zero: bool = False) -> float:
     """A finite float > 0 (or >= 0), from a strict pattern: ``1e-4``, ``0.01``."""
     if not _FLOAT_RE.match(text.strip()):
-        raise TorchMagicError(f"bad value {key}={text}: expected a number such as 1e-4")
+        raise TorchMagicError(f"bad value {key}={text}: expected a number such as 1e-4", param=key)
     return check_positive(float(text), key, allow_zero=allow_zero)
 
 
@@ -127,11 +135,16 @@ LrSpec = float | tuple[float, float] | None
 
 
 def parse_lr(text: str) -> float | tuple[float, float]:
-    """``1e-4`` or the discriminative spread ``1e-5:1e-4``."""
+    """``lr=1e-4`` or the discriminative spread ``lr=1e-5:1e-4``."""
     if ":" in text:
         first, _, last = text.partition(":")
         return (parse_positive_float(first, "lr"), parse_positive_float(last, "lr"))
     return parse_positive_float(text, "lr")
+
+
+def parse_weight_decay(text: str) -> float:
+    """``wd=0.01``; zero is allowed (no decay)."""
+    return parse_positive_float(text, "wd", allow_zero=True)
 
 
 def split_options(
@@ -171,5 +184,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """``1,3,224,224`` (or ``1x3x224x224``) → (1, 3, 224, 224): digits only, never evaluated."""
     parts = text.replace("x", ",").split(",")
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise TorchMagicError(f"--input-shape {text}: expected positive integers like 1,3,224,224")
+        raise TorchMagicError(
+            f"input_shape={text}: expected positive integers like 1,3,224,224",
+            param="input_shape",
+        )
     return tuple(int(p) for p in parts)

@@ -1,0 +1,213 @@
+"""What every topic's magics share: the session, parsing a line, turning the engine's
+refusals into one ``UsageError`` line in magic syntax, subcommand tables, display.
+
+A magic body is parse → one Session call → render. The engine names the Python parameter
+at fault (``TorchMagicError(..., param="epochs")``); here that becomes the flag the user
+typed (``--epochs``, ``lr=``), read from the magic's own parser and key options, followed by
+the usage line from the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics
+from IPython.core.magic_arguments import argument, real_name
+from IPython.display import display
+from IPython.utils.process import arg_split
+
+from ..core import Session, TorchMagicError
+from ..core.surgery.grammar import split_options
+from ..manifest import subcommand_usage, usage
+
+if TYPE_CHECKING:
+    from ..render import Rendered
+    from .extension import TorchMagics
+
+MagicFunction = Callable[..., object]
+
+# Options several magics share (one decorator object serves each of them).
+OPT = argument(
+    "--opt",
+    dest="optimizer",
+    default=None,
+    metavar="NAME",
+    help="the optimizer variable (default: the one holding the model's parameters)",
+)
+DRY_RUN = argument("--dry-run", action="store_true", help="show what would change, change nothing")
+
+
+@dataclass(frozen=True)
+class KeyOption:
+    """A ``key=value`` word of a magic line (``lr=1e-4``), parsed by the grammar."""
+
+    name: str
+    usage: str  # "lr=X | lr=A:B"
+    parse: Callable[[str], object]
+    type: str  # as the manifest shows it: "float | float:float"
+    default: str
+    help: str
+
+
+Handler = Callable[[Any, list[str], argparse.Namespace], "Rendered"]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand of a magic (``%tm undo``): the method that runs it and the words
+    that may follow it. The method takes (the words after it, the parsed line)."""
+
+    name: str  # "" for the magic alone (``%gpumem``)
+    handler: Handler
+    help: str
+    words: str = ""  # usage of what follows: "NAME", "[MODEL]", "on|off"
+    arity: tuple[int, int] = (0, 0)  # fewest and most words after it
+    options: tuple[str, ...] = ()  # the magic's flags that go with it: "--tracebacks"
+
+
+@dataclass(frozen=True)
+class Subcommands:
+    """A magic's subcommands, dispatched by their first word; ``other`` takes any other
+    first word as its own argument (``%device cuda:1``)."""
+
+    entries: tuple[Subcommand, ...]
+    other: Subcommand | None = None
+    by_name: dict[str, Subcommand] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", {e.name: e for e in self.entries})
+
+
+def key_options(*options: KeyOption) -> Callable[[MagicFunction], MagicFunction]:
+    """Declare a magic's ``key=value`` options (its help and the manifest read them)."""
+
+    def mark(func: MagicFunction) -> MagicFunction:
+        func.key_options = options  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
+def subcommands(
+    *entries: Subcommand, other: Subcommand | None = None
+) -> Callable[[MagicFunction], MagicFunction]:
+    """Declare a magic's subcommand table (dispatch, usage and the manifest read it)."""
+
+    def mark(func: MagicFunction) -> MagicFunction:
+        func.subcommands = Subcommands(entries, other)  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
+def flags(magic: MagicFunction) -> dict[str, str]:
+    """Python parameter → what the user types for it: ``exclude`` → ``--except``,
+    ``lr`` → ``lr=``. Read from the magic's parser (by ``dest``) and key options."""
+    found = {
+        action.dest: max(action.option_strings, key=len)
+        for action in magic.parser._actions  # type: ignore[attr-defined]
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    }
+    found.update({k.name: f"{k.name}=" for k in getattr(magic, "key_options", ())})
+    return found
+
+
+def speak_flag(message: str, param: str, flag: str) -> str:
+    """Say ``flag`` where the engine's ``message`` names the Python parameter: its
+    keyword form (``optimizer=nope`` → ``--opt nope``), else a leading mention
+    (``epochs must…`` → ``--epochs must…``), else as a prefix. ``key=value`` options
+    read the same in both worlds."""
+    if flag.endswith("=") or flag in message:
+        return message
+    keyword = re.compile(rf"(?<![\w.-]){re.escape(param)}=")
+    if keyword.search(message):
+        return keyword.sub(f"{flag} ", message, count=1)
+    if re.match(rf"{re.escape(param)}\b", message):
+        return flag + message[len(param) :]
+    return f"{flag}: {message}"
+
+
+def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") -> str:
+    """The engine's refusal in the magic's words; with the usage line when an argument
+    was at fault."""
+    if error.param is None:
+        return str(error)
+    flag = flags(magic).get(error.param)
+    message = str(error) if flag is None else speak_flag(str(error), error.param, flag)
+    return f"{message}; usage: {usage(real_name(magic), kind)}"
+
+
+def parse(magic: MagicFunction, line: str) -> argparse.Namespace:
+    """argparse over shell-like tokens; options and targets may be interleaved."""
+    return magic.parser.parse_intermixed_args(arg_split(line, posix=True))  # type: ignore[attr-defined]
+
+
+class TopicMagics(Magics):
+    """The base of each topic's magics: they all drive the one :class:`TorchMagics`
+    configurable's Session and follow its settings."""
+
+    shell: InteractiveShell  # always given: the extension creates topics for a shell
+
+    def __init__(self, shell, settings: TorchMagics) -> None:
+        super().__init__(shell=shell)
+        self.settings = settings
+
+    @property
+    def session(self) -> Session:
+        """The session, over the kernel's namespace as it is now (it may be replaced)."""
+        session = self.settings.session
+        session.workspace.namespace = self.shell.user_ns
+        return session
+
+    @property
+    def width(self) -> int:
+        return self.settings.width
+
+    def close(self) -> None:
+        """Unhook from the shell (``%unload_ext``); topics with hooks extend this."""
+
+    @contextmanager
+    def refusals(self, magic: MagicFunction, kind: str = "line") -> Iterator[None]:
+        """The engine's refusals as exactly ``UsageError`` (IPython hides its traceback)."""
+        try:
+            yield
+        except TorchMagicError as error:
+            raise UsageError(explain(error, magic, kind)) from None
+
+    def split(self, magic: MagicFunction, words: Sequence[str]) -> tuple[list[str], dict]:
+        """Targets and the typed values of the magic's ``key=value`` options."""
+        options = {k.name: k for k in getattr(magic, "key_options", ())}
+        targets, raw = split_options(words, tuple(options))
+        return targets, {key: options[key].parse(text) for key, text in raw.items()}
+
+    def dispatch(
+        self, magic: MagicFunction, words: Sequence[str], args: argparse.Namespace
+    ) -> Rendered:
+        """Run the subcommand that ``words`` start with, from the magic's table."""
+        table: Subcommands = magic.subcommands  # type: ignore[attr-defined]
+        name = real_name(magic)
+        first, rest = (words[0], list(words[1:])) if words else ("", [])
+        entry = table.by_name.get(first)
+        if entry is None and first and table.other is not None:
+            entry, rest = table.other, list(words)
+        if entry is None:
+            raise UsageError(
+                f"unknown subcommand '{first}'; usage: {usage(name)}"
+                if first
+                else f"%{name} needs a subcommand; usage: {usage(name)}"
+            )
+        fewest, most = entry.arity
+        if not fewest <= len(rest) <= most:
+            raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
+        with self.refusals(magic):
+            return entry.handler(self, rest, args)
+
+    def show(self, rendered: object) -> None:
+        display(rendered)

@@ -1,0 +1,188 @@
+"""``%device`` and ``%gpumem``: where the model lives and what memory it takes."""
+
+from __future__ import annotations
+
+import argparse
+
+from IPython.core.magic import line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .. import render
+from ..core import TorchMagicError
+from ..core.devices.memory import CellWatcher
+from ..core.surgery.grammar import parse_shape
+from ..render import device as device_render
+from ..render import memory as memory_render
+from .base import Subcommand, TopicMagics, parse, subcommands
+
+
+@magics_class
+class DeviceMagics(TopicMagics):
+    """Devices, moves that keep optimizer state in step, misplaced tensors, memory."""
+
+    def __init__(self, shell, settings) -> None:
+        super().__init__(shell, settings)
+        self.cell_watcher: CellWatcher | None = None
+
+    def close(self) -> None:
+        self._watch(False)
+
+    # -- subcommands: one Session call each, rendered (the tables below list them) ---
+
+    def _devices(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return device_render.devices(self.session.devices(), self.width)
+
+    def _set_device(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return device_render.devices(self.session.set_device(words[0]), self.width)
+
+    def _move(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return device_render.moved(self.session.move(*words), self.width)
+
+    def _check(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return device_render.misplaced(self.session.check(*words), self.width)
+
+    def _pinbench(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return device_render.pin_report(self.session.pinbench(words[0]), self.width)
+
+    def _memory(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return memory_render.memory(self.session.memory(), self.width)
+
+    def _reset(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return memory_render.reset(self.session.reset_peaks(args.tracebacks), self.width)
+
+    def _estimate(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        shape = parse_shape(args.input_shape) if args.input_shape else None
+        report = self.session.estimate(
+            *words, optimizer_class=args.optimizer_class, input_shape=shape
+        )
+        return memory_render.estimate(report, self.width)
+
+    def _watch_switch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        if words[0] not in ("on", "off"):
+            raise TorchMagicError(f"watch takes on or off, got '{words[0]}'", param="words")
+        self._watch(words[0] == "on")
+        return render.message(f"memory watch {words[0]}", self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench LOADER",
+        help="nothing: list devices; a device: set the session's device; move, check or pinbench",
+    )
+    @subcommands(
+        Subcommand("", _devices, "every device (name, capability, memory, bf16) and the session's"),
+        Subcommand(
+            "move",
+            _move,
+            "move a model with its optimizer state and GradScaler to the session's device",
+            words="[MODEL]",
+            arity=(0, 1),
+        ),
+        Subcommand(
+            "check",
+            _check,
+            "list tensors not where the model's parameters are, with the fix",
+            words="[MODEL]",
+            arity=(0, 1),
+        ),
+        Subcommand(
+            "pinbench",
+            _pinbench,
+            "time pageable vs pinned host-to-device copies of one batch",
+            words="LOADER",
+            arity=(1, 1),
+        ),
+        other=Subcommand(
+            "*",
+            _set_device,
+            "make this the session's device",
+            words="cuda:N|cpu|mps|auto",
+            arity=(1, 1),
+        ),
+    )
+    @line_magic
+    def device(self, line: str) -> None:
+        """List every device (name, capability, free/total memory, bf16) and the session's;
+        set the session's device; move a model with its optimizer state and GradScaler
+        (bytes reported, references kept); list tensors not where the model's parameters
+        are (unregistered tensor attributes too) with the fix; time pageable vs pinned
+        host-to-device copies of one batch."""
+        args = parse(self.device, line)
+        self.show(self.dispatch(self.device, args.words, args))
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="reset | watch on|off | estimate [MODEL]",
+        help="nothing: the memory breakdown; reset, watch on|off or estimate [MODEL]",
+    )
+    @argument(
+        "--tracebacks",
+        action="store_true",
+        help="with reset: drop the last traceback, which can pin tensors",
+    )
+    @argument(
+        "--input-shape",
+        default=None,
+        metavar="N,C,H,W",
+        help="with estimate: also measure activations of one forward pass",
+    )
+    @argument(
+        "--optimizer",
+        dest="optimizer_class",
+        default=None,
+        metavar="CLASS",
+        help="with estimate: an optimizer class to estimate for, e.g. AdamW",
+    )
+    @subcommands(
+        Subcommand("", _memory, "the breakdown of the current model's memory"),
+        Subcommand(
+            "reset",
+            _reset,
+            "start the peak counters again",
+            options=("--tracebacks",),
+        ),
+        Subcommand(
+            "watch", _watch_switch, "a one-line memory report after every cell", "on|off", (1, 1)
+        ),
+        Subcommand(
+            "estimate",
+            _estimate,
+            "the bytes a training step will need",
+            words="[MODEL]",
+            arity=(0, 1),
+            options=("--input-shape", "--optimizer"),
+        ),
+    )
+    @line_magic
+    def gpumem(self, line: str) -> None:
+        """Memory in use, reserved, peak and free/total with a breakdown into
+        trainable/frozen parameters, gradients, optimizer state and the rest (allocator
+        statistics on CUDA, tensor walk and RSS on the CPU); reset the peaks; a one-line
+        memory report after every cell; the bytes a training step will need."""
+        args = parse(self.gpumem, line)
+        self.show(self.dispatch(self.gpumem, args.words, args))
+
+    # -- the per-cell watch (IPython events) -----------------------------------------
+
+    def _watch(self, on: bool) -> None:
+        events = self.shell.events
+        if on and self.cell_watcher is None:
+            self.cell_watcher = CellWatcher()
+            events.register("pre_run_cell", self._watch_pre)
+            events.register("post_run_cell", self._watch_post)
+        elif not on and self.cell_watcher is not None:
+            events.unregister("pre_run_cell", self._watch_pre)
+            events.unregister("post_run_cell", self._watch_post)
+            self.cell_watcher = None
+
+    def _watch_pre(self, _info=None) -> None:
+        if self.cell_watcher is not None:
+            self.cell_watcher.pre()
+
+    def _watch_post(self, result=None) -> None:
+        cell = self.cell_watcher.post() if self.cell_watcher is not None else None
+        if cell is not None:
+            print(memory_render.cell_line(cell))

@@ -1,0 +1,100 @@
+"""The one configurable (``%config TorchMagics.…``, ipython_config.py) that owns the
+Session, and loading / unloading every topic's magics with it."""
+
+from __future__ import annotations
+
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets import Enum, Float, Integer, Unicode, observe
+from traitlets.config import Configurable
+
+from ..core import Session, SessionConfig
+from ..core.surgery.batchnorm import POLICIES
+from .base import TopicMagics
+from .devices import DeviceMagics
+from .session import SessionMagics
+from .surgery import SurgeryMagics
+from .training import TrainingMagics
+
+TOPICS: tuple[type[TopicMagics], ...] = (
+    SurgeryMagics,
+    TrainingMagics,
+    DeviceMagics,
+    SessionMagics,
+)
+
+
+class TorchMagics(Configurable):
+    """Transfer-learning magics over a live PyTorch model (``%load_ext torchmagic``):
+    their settings, and the Session every topic drives."""
+
+    bn_policy = Enum(
+        POLICIES,
+        default_value="eval",
+        help="BatchNorm policy for frozen blocks: eval (stats frozen), train, frozen (swap).",
+    ).tag(config=True)
+    unfreeze_lr_ratio = Float(
+        0.1, help="Default %unfreeze lr as a fraction of the head group's lr."
+    ).tag(config=True)
+    width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
+    summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
+    summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(config=True)
+    scaler_name = Unicode(
+        "scaler", help="User variable that %amp on fp16 binds the session's GradScaler to."
+    ).tag(config=True)
+
+    def __init__(self, shell: InteractiveShell, **kwargs) -> None:
+        # the shell as parent: ipython_config.py's TorchMagics section applies
+        super().__init__(parent=shell, **kwargs)
+        self.shell = shell
+        self.session = Session(
+            namespace=shell.user_ns, hidden=shell.user_ns_hidden, config=self._session_config()
+        )
+        self.topics = [topic(shell, self) for topic in TOPICS]
+
+    @classmethod
+    def load(cls, shell: InteractiveShell) -> TorchMagics:
+        """Register every topic's magics; listed in ``shell.configurables`` so that
+        ``%config TorchMagics.…`` reaches the settings."""
+        extension = cls(shell)
+        shell.configurables.append(extension)
+        for topic in extension.topics:
+            shell.register_magics(topic)
+        shell.events.register("post_run_cell", extension._after_cell)
+        return extension
+
+    def unload(self) -> None:
+        """Remove every magic, hook and configurable that :meth:`load` added."""
+        self.shell.events.unregister("post_run_cell", self._after_cell)
+        manager = self.shell.magics_manager
+        for topic in self.topics:
+            topic.close()
+            for table in manager.magics.values():
+                for name in [n for n, f in table.items() if getattr(f, "__self__", None) is topic]:
+                    del table[name]
+            if manager.registry.get(type(topic).__name__) is topic:
+                del manager.registry[type(topic).__name__]
+        ours = {id(self), *(id(topic) for topic in self.topics)}
+        self.shell.configurables[:] = [c for c in self.shell.configurables if id(c) not in ours]
+
+    def _after_cell(self, result=None) -> None:
+        """Remember compiled models as first seen, so doctor can tell later edits."""
+        self.session.workspace.namespace = self.shell.user_ns
+        self.session.observe_compiled()
+
+    def _session_config(self) -> SessionConfig:
+        return SessionConfig(
+            bn_policy=self.bn_policy,
+            unfreeze_lr_ratio=self.unfreeze_lr_ratio,
+            summary_depth=self.summary_depth,
+            summary_max_rows=self.summary_max_rows,
+        )
+
+    @observe("bn_policy", "unfreeze_lr_ratio", "summary_depth", "summary_max_rows")
+    def _settings_changed(self, change) -> None:
+        if hasattr(self, "session"):
+            self.session.config = self._session_config()
+
+
+def loaded(shell: InteractiveShell) -> TorchMagics | None:
+    """The extension loaded in ``shell``, if any."""
+    return next((c for c in shell.configurables if isinstance(c, TorchMagics)), None)

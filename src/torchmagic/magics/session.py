@@ -1,0 +1,61 @@
+"""``%tm``: the session itself — history, undo, the current model, fits, doctor, help."""
+
+from __future__ import annotations
+
+import argparse
+
+from IPython.core.magic import line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .. import render
+from ..manifest import load_manifest
+from ..render import doctor as doctor_render
+from .base import Subcommand, TopicMagics, parse, subcommands
+
+
+@magics_class
+class SessionMagics(TopicMagics):
+    """Commands about the session rather than one model."""
+
+    # -- subcommands: one Session call each, rendered (the table below lists them) ----
+
+    def _history(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.history(self.session.history(), self.width)
+
+    def _undo(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.change(self.session.undo(), self.width)
+
+    def _use(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.message(f"current model: {self.session.use(words[0])}", self.width)
+
+    def _fits(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.fits(self.session.fits, self.width)
+
+    def _doctor(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return doctor_render.doctor(self.session.doctor(), self.width)
+
+    def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.manifest_help(load_manifest(), self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="history|undo|use NAME|fits|doctor|help",
+        help="history | undo | use NAME | fits | doctor | help",
+    )
+    @subcommands(
+        Subcommand("history", _history, "the mutating commands so far"),
+        Subcommand("undo", _undo, "revert the last command still applying to a bound model"),
+        Subcommand("use", _use, "make NAME the current model", words="NAME", arity=(1, 1)),
+        Subcommand("fits", _fits, "every %fit run side by side"),
+        Subcommand("doctor", _doctor, "the classic transfer-learning mistakes, with fixes"),
+        Subcommand("help", _help, "every magic with its usage and an example"),
+    )
+    @line_magic
+    def tm(self, line: str) -> None:
+        """Session commands: list the mutating commands, undo the last one, pick the
+        current model, compare every %fit run side by side, diagnose the classic
+        transfer-learning mistakes, show this table."""
+        args = parse(self.tm, line)
+        self.show(self.dispatch(self.tm, args.words, args))

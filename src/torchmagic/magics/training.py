@@ -1,0 +1,142 @@
+"""``%fit``, ``%amp`` and ``%%amp``: training and mixed precision."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import ExitStack
+
+from IPython.core.magic import line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
+
+from .. import render
+from ..core import TorchMagicError
+from ..core.training.amp import MODES
+from .base import OPT, Subcommand, TopicMagics, parse, subcommands
+
+_MODE_WORDS = f"[{'|'.join(MODES)}]"
+
+
+@magics_class
+class TrainingMagics(TopicMagics):
+    """Train with the model's own optimizer and schedulers; mixed precision for the
+    session or for one cell."""
+
+    # -- subcommands: one Session call each, rendered (the table below lists them) ----
+
+    def _amp_status(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_status(), self.width)
+
+    def _amp_on(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_on(*words), self.width)
+
+    def _amp_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.amp_status(self.session.amp_off(), self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar=f"on|off {_MODE_WORDS}",
+        help=f"line: on {_MODE_WORDS} | off | nothing for the status; cell: {_MODE_WORDS}",
+    )
+    @subcommands(
+        Subcommand("", _amp_status, "the policy: dtype, device type, GradScaler, scale"),
+        Subcommand(
+            "on",
+            _amp_on,
+            "autocast for the session (auto: bf16 where supported, else fp16 on CUDA)",
+            words=_MODE_WORDS,
+            arity=(0, 1),
+        ),
+        Subcommand("off", _amp_off, "plain precision again; the scaler's state is kept"),
+    )
+    @line_cell_magic
+    def amp(self, line: str, cell: str | None = None):
+        """Mixed precision for the session: status (dtype, device type, GradScaler and its
+        scale), on (auto: bf16 where supported, else fp16 on CUDA; bf16 on the CPU) or off
+        (the scaler's state is kept).
+
+        Cell: run just this cell under autocast, without changing the session's policy.
+        """
+        words = parse(self.amp, line).words
+        if cell is not None:
+            return self._cell_amp(words, cell)
+        shown = self.dispatch(self.amp, words, argparse.Namespace())
+        self._bind_scaler()
+        self.show(shown)
+        return None
+
+    def _cell_amp(self, words: list[str], cell: str):
+        with ExitStack() as stack:
+            with self.refusals(self.amp, "cell"):
+                if len(words) > 1:
+                    raise TorchMagicError("one precision at most", param="words")
+                stack.enter_context(self.session.autocast(words[0] if words else "auto"))
+            return self.shell.run_cell(cell).result
+
+    def _bind_scaler(self) -> None:
+        """Keep the user's ``scaler`` variable pointing at the session's GradScaler."""
+        ns, name, scaler = self.shell.user_ns, self.settings.scaler_name, self.session.amp.scaler
+        if scaler is not None:
+            ns[name] = scaler
+        elif type(ns.get(name)).__name__ == "GradScaler":
+            del ns[name]
+
+    @magic_arguments()
+    @argument(
+        "names",
+        nargs="+",
+        metavar="[MODEL] TRAIN_LOADER",
+        help="the model variable (default: the current model) and the training loader",
+    )
+    @argument(
+        "--val",
+        default=None,
+        metavar="VAL_LOADER",
+        help="validation loader: loss and accuracy after each epoch",
+    )
+    @argument("--epochs", type=int, default=1, metavar="N", help="epochs to train")
+    @argument(
+        "--max-steps", type=int, default=None, metavar="N", help="stop after N optimizer steps"
+    )
+    @argument(
+        "--loss",
+        default="cross_entropy",
+        metavar="NAME",
+        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
+    )
+    @argument(
+        "--cache-features",
+        action="store_true",
+        help="linear probing: run the frozen backbone once, train the head on its features",
+    )
+    @OPT
+    @line_magic
+    def fit(self, line: str):
+        """Train with the model's optimizer, its schedulers (OneCycleLR/CyclicLR per batch,
+        others per epoch, ReduceLROnPlateau on the validation loss) and the %amp policy,
+        with live progress; returns the history and keeps it for %tm fits."""
+        args = parse(self.fit, line)
+        with self.refusals(self.fit):
+            if len(args.names) > 2:
+                raise TorchMagicError("one model and one training loader", param="names")
+            model, train = args.names if len(args.names) == 2 else [None, *args.names]
+            history = self.session.fit(
+                train,
+                model=model,
+                val=args.val,
+                epochs=args.epochs,
+                max_steps=args.max_steps,
+                loss=args.loss,
+                cache_features=args.cache_features,
+                optimizer=args.optimizer,
+                observer=self._progress(),
+            )
+        return render.fit_history(history, self.width)
+
+    def _progress(self) -> render.TerminalProgress | render.NotebookProgress:
+        """A live bar in a terminal; a display updated in place in a notebook."""
+        if self.shell.__class__.__name__ == "TerminalInteractiveShell":
+            return render.TerminalProgress(self.width)
+        return render.NotebookProgress(lambda shown: display(shown, display_id=True), self.width)
