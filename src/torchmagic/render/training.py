@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
+from . import theme
 from .base import DEFAULT_WIDTH, Rendered, human, lr, table
 
 
@@ -81,7 +82,7 @@ class NotebookProgress:
         if self.last is not None:
             parts.append(_step_line(self.last))
         else:
-            parts.append(Text("starting…", style="dim"))
+            parts.append(Text("starting…", style=theme.style("dim")))
         if self.epochs:
             parts.append(_epoch_table(self.epochs))
         return Rendered(Group(*parts), self.width)
@@ -210,8 +211,8 @@ class FitRuns:
 
 def _ending(h: FitHistory) -> Text:
     if h.stopped:
-        return Text(f"stopped: {h.stopped}", style="yellow")
-    return Text("completed", style="green")
+        return Text(f"stopped: {h.stopped}", style=theme.style("warning"))
+    return Text("completed", style=theme.style("ok"))
 
 
 def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
@@ -229,7 +230,7 @@ def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
     """Every %fit of the session side by side: one column per run."""
     if not histories:
-        return HistoryView(Text("no %fit runs yet", style="dim"), [], width)
+        return HistoryView(Text("no %fit runs yet", style=theme.style("dim")), [], width)
     drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)])
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
@@ -254,7 +255,10 @@ def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
     if not status.enabled:
         head = Text("AMP off", style="bold")
     else:
-        head = Text(f"AMP on: autocast {status.dtype} on {status.device_type}", style="bold green")
+        head = Text(
+            f"AMP on: autocast {status.dtype} on {status.device_type}",
+            style=theme.style("ok", bold=True),
+        )
     parts: list[RenderableType] = [head]
     if status.scaler:
         scale = "" if status.scale is None else f", scale {status.scale:g}"
@@ -262,5 +266,5 @@ def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
     elif status.enabled:
         parts.append(Text("no GradScaler (not needed for bf16)"))
     if status.note:
-        parts.append(Text(status.note, style="dim"))
+        parts.append(Text(status.note, style=theme.style("dim")))
     return Rendered(Group(*parts), width)
