@@ -237,3 +237,42 @@ def test_roles_are_told_apart_in_the_terminal() -> None:
     for name, role in ROLES.items():
         assert theme.css(theme.style(name)) == f"color:{role.css}"
     assert theme.css(theme.style("error", bold=True)).endswith(";font-weight:bold")
+
+
+# -- every colour the renderers emit ---------------------------------------------------------
+
+_COLOR_RULE = re.compile(r"[\s;\"]color:\s*([^;\"]+)")
+_HEX = re.compile(r"#[0-9a-fA-F]{6}\b|#[0-9a-fA-F]{3}\b")
+
+
+def _golden_html() -> dict[str, str]:
+    from test_golden import ALL_CASES, _rendered
+
+    return {case: _rendered(case)._repr_mimebundle_()["text/html"] for case in ALL_CASES}
+
+
+def test_every_emitted_colour_is_a_role_or_reads_everywhere() -> None:
+    """Scan the HTML of every golden case (the history chart's SVG included): each CSS
+    colour is a palette role, and every fixed hex (var() fallbacks, chart lines) reaches
+    3:1 on white, #111111 and #1f1f1f."""
+    role_css = {role.css for role in ROLES.values()}
+    seen_roles: set[str] = set()
+    for case, html in _golden_html().items():
+        for value in _COLOR_RULE.findall(html):
+            assert value.strip() in role_css, (case, value)
+            seen_roles.add(value.strip())
+        for hex_color in set(_HEX.findall(html)) - {"#010203"}:
+            for background in FIXED_BACKGROUNDS:
+                ratio = contrast(parse_color(hex_color), parse_color(background))
+                assert ratio >= 3.0, (case, hex_color, background, round(ratio, 2))
+    # the scan saw the colours that matter: errors, warnings, the bar, BatchNorm lines
+    for name in ("error", "warning", "ok", "dim", "bn", "bar_done", "bar_todo"):
+        assert ROLES[name].css in seen_roles, name
+
+
+def test_old_fixed_colours_fail_where_the_new_ones_pass() -> None:
+    """The colours rich exported before (chosen for white) are what this guards against."""
+    old = {"bn": "#800080", "error": "#800000", "bar_todo": "#3a3a3a"}
+    for name, hex_color in old.items():
+        assert contrast(parse_color(hex_color), parse_color("#111111")) < 3.0
+        assert role_contrast(ROLES[name], THEMES["JupyterLab dark"]) >= 3.0

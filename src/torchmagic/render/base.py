@@ -130,11 +130,11 @@ def _html_line(line: Sequence[Segment]) -> str:
 
 
 def human(n: float) -> str:
-    """12_345_678 → '12.3M'."""
+    """12_345_678 → '12.3M', 256.0 → '256', 0.42 → '0.42' (a slow rate is not 0)."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
-    return str(int(n))
+    return f"{n:.3g}"
 
 
 def lr(value: float) -> str:

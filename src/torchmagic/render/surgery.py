@@ -27,6 +27,12 @@ def _names(modules: Sequence[str], shown: int = 6) -> str:
     return ", ".join(modules[:shown]) + f" … and {len(modules) - shown} more"
 
 
+def group_label(group: GroupInfo) -> str:
+    """A group's name; an unnamed group (the engine labels it by its index) reads
+    "group 0", so it is not mistaken for a Sequential child "0"."""
+    return f"group {group.index}" if group.name == str(group.index) else group.name
+
+
 def _group_lr(group: GroupInfo) -> str:
     """The lr now, with the base lr the schedule scales when it differs."""
     if group.base_lr is None or group.base_lr == group.lr:
@@ -63,7 +69,7 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
         params = human(g.numel) if g.tensors else "(empty)"
         drawn.add_row(
             str(g.index),
-            g.name,
+            group_label(g),
             rate,
             wd,
             str(g.tensors),
@@ -161,7 +167,7 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
             human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             " ".join(f"{mode} {n}" for mode, n in row.bn.items()),
-            ", ".join(report.groups[i].name for i in row.groups),
+            ", ".join(group_label(report.groups[i]) for i in row.groups),
             _lr_range(report.lrs(row)),
         )
     c = report.counts
