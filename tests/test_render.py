@@ -1,15 +1,18 @@
+from __future__ import annotations
+
 import html
 import os
 import re
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from html.parser import HTMLParser
 
 import pytest
 
 from torchmagic import Session, render
-from torchmagic.core.training.fit import EpochMetrics, FitHistory
+from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
 
 
 def test_change_has_text_and_html(trained):
@@ -217,3 +220,106 @@ def test_chart_has_no_empty_accuracy_panel():
     axes, texts = _svg_texts(render.render(run))
     assert len(axes) == 1 and "val accuracy (%)" not in texts
     assert "1" in texts  # a single epoch still gets an integer tick
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.drawn: list[render.Rendered] = []
+
+    def show(self, rendered: render.Rendered) -> _Handle:
+        self.drawn.append(rendered)
+        return self
+
+    def update(self, rendered: render.Rendered) -> None:
+        self.drawn.append(rendered)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class _NamedStep(StepInfo):
+    """A StepInfo that carries group names, as the loop is asked to send them."""
+
+    groups: tuple[str, ...] = ()
+
+
+def test_progress_draws_nothing_before_the_loop_starts():
+    """A %fit refused up front leaves no "starting…" above its error."""
+    handle = _Handle()
+    progress = render.NotebookProgress(handle.show, 100)
+    progress.close()
+    assert handle.drawn == []
+
+
+def test_progress_line_tells_the_whole_story():
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 100, clock=clock)
+    clock.now = 75.0
+    progress.on_step(_NamedStep(2, 3, 130, 30, 120, 0.42, 1.5, (1e-3, 1e-4), ("head", "layer4")))
+    text = str(handle.drawn[-1])
+    assert "epoch 2/3" in text and "step 30/120" in text
+    assert "01:15<03:45" in text  # elapsed<remaining, at this epoch's pace
+    assert "lr head: 0.001, layer4: 1e-4" in text and "0.42 samples/s" in text
+    assert max(map(len, text.splitlines())) <= 100  # two lines: nothing cropped
+    progress.on_step(StepInfo(2, 3, 131, 31, 120, 300.0, 1.4, (1e-3, 1e-3)))
+    assert "lr 0.001 ·" in str(handle.drawn[-1])  # one lr when the groups share it
+
+
+def test_validation_is_shown_while_it_runs():
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 100, clock=clock)
+    progress.on_step(StepInfo(1, 1, 7, 7, 8, 10.0, 0.5, (0.1,)))
+    progress.on_validation_start(1, 40)
+    assert "validating on 40 batches" in str(handle.drawn[-1])
+    assert "7/8" not in str(handle.drawn[-1])  # no stale bar
+
+
+def test_finished_output_appears_once():
+    """Each epoch end is drawn at once; at the end the live area shrinks to one line,
+    the table being the cell's result."""
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 100, clock=clock)
+    progress.on_step(StepInfo(1, 2, 485, 485, 500, 10.0, 0.5, (0.1,)))
+    progress.on_epoch(EpochMetrics(1, 0.5, 0.4, 0.75, 5000, 9.0, (0.1,)))
+    after_epoch = str(handle.drawn[-1])
+    assert "485/500" not in after_epoch and "75.0%" in after_epoch
+    assert "epoch 2/2" in after_epoch
+    drawn_before_close = len(handle.drawn)
+    clock.now = 20.0
+    progress.close()
+    assert len(handle.drawn) == drawn_before_close + 1  # the same output, updated
+    (last,) = str(handle.drawn[-1]).splitlines()
+    assert last == "%fit: 1 of 2 epochs in 00:20 · train loss 0.5 · val acc 75.0%"
+
+
+def test_epoch_table_names_groups_and_explains_time():
+    epochs = (EpochMetrics(1, 1.0, None, None, 8, 2.0, (1e-3, 1e-4)),)
+    text = str(render.fit_history(FitHistory("fit 1", "m", epochs, 1, 8, 2.0)))
+    header = text.splitlines()[1]
+    assert "time (s)" in header and "lr group 0" in header and "lr group 1" in header
+    assert "val acc" not in header  # no validation, no empty columns
+
+
+def test_terminal_progress_is_transient_and_ends_with_a_summary():
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True, highlight=False)
+    progress = render.TerminalProgress(console=console, clock=_Clock())
+    progress.on_step(StepInfo(1, 2, 3, 3, 10, 120.0, 0.5, (1e-3,)))
+    progress.on_epoch(EpochMetrics(1, 0.5, 0.4, 0.75, 100, 1.0, (1e-3,)))
+    progress.close()
+    raw = out.getvalue()
+    assert "\x1b[2K" in raw  # the live lines are erased…
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw)
+    assert "step 3/10" in text and "loss 0.5" in text
+    summary = "%fit: 1 of 2 epochs in 00:00 · train loss 0.5 · val acc 75.0%"
+    assert text.rstrip().endswith(summary)  # …and the summary stays

@@ -8,7 +8,7 @@ import html
 import io
 import shutil
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from rich.console import Console, JustifyMethod, RenderableType
@@ -105,7 +105,7 @@ class Rendered:
         return _text(self.lines())
 
 
-def _rstrip(line: Sequence[Segment]) -> list[Segment]:
+def _rstrip(line: Iterable[Segment]) -> list[Segment]:
     """Table cells pad with spaces: no line ends in one."""
     kept = list(line)
     while kept and not kept[-1].text.rstrip():

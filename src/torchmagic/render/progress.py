@@ -171,10 +171,6 @@ class FitProgress:
                 line.append(f" · val acc {100 * last.val_accuracy:.1f}%")
         return line
 
-    @property
-    def begun(self) -> bool:
-        return self.start is not None or self.last is not None or bool(self.epochs)
-
 
 class NotebookProgress:
     """A %fit observer that redraws one notebook output in place through a display
