@@ -362,16 +362,51 @@ def _doctor() -> DoctorReport:
 
 
 class _Handle:
+    """A display handle: remembers what was shown last."""
+
+    def __init__(self) -> None:
+        self.shown: list[render.Rendered] = []
+
+    def show(self, rendered: render.Rendered) -> _Handle:
+        self.shown.append(rendered)
+        return self
+
     def update(self, rendered: render.Rendered) -> None:
-        self.shown = rendered
+        self.shown.append(rendered)
 
 
-def _progress() -> render.Rendered:
-    handle = _Handle()
-    progress = NotebookProgress(lambda r: handle, WIDTH)
-    progress.on_step(StepInfo(1, 2, 5, 5, 8, 1234.5, 0.98765, (1e-3, 1e-4)))
-    progress.on_epoch(_epochs()[0])
-    return handle.shown
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _progress(stage: str) -> render.Rendered:
+    """A notebook progress at one stage of a 2-epoch run, on a fake clock."""
+    handle, clock = _Handle(), FakeClock()
+    progress = NotebookProgress(handle.show, WIDTH, clock=clock)
+    clock.now += 6.0
+    progress.on_step(StepInfo(1, 2, 5, 5, 8, 0.42, 0.98765, (1e-3, 1e-4)))
+    if stage in ("validating", "epoch", "closed"):
+        clock.now += 3.0
+        progress.on_validation_start(1, 4)
+    if stage in ("epoch", "closed"):
+        clock.now += 1.0
+        progress.on_epoch(_epochs()[0])
+    if stage == "closed":
+        clock.now += 62.0
+        progress.close()
+    return handle.shown[-1]
+
+
+PROGRESS = {
+    "notebook_progress": "step",
+    "notebook_progress_validating": "validating",
+    "notebook_progress_epoch_end": "epoch",
+    "notebook_progress_closed": "closed",
+}
 
 
 CASES: dict[str, Callable[[], object]] = {
@@ -388,6 +423,17 @@ CASES: dict[str, Callable[[], object]] = {
     "message": lambda: "current model: model",
     "fit_history": _fit,
     "fit_history_stopped": lambda: _fit(stopped="reached max_steps=16", cached=True),
+    "fit_history_no_validation": lambda: FitHistory(
+        "fit 3",
+        "model",
+        (
+            EpochMetrics(1, 2.5, None, None, 3, 7.1, (0.1, 0.1)),
+            EpochMetrics(2, 1.5, None, None, 3, 7.0, (0.1, 0.1)),
+        ),
+        steps=2,
+        samples=6,
+        seconds=14.1,
+    ),
     "fits": lambda: FitRuns((_fit(), _fit("fit 2", stopped="interrupted"))),
     "fits_empty": lambda: FitRuns(()),
     "amp_off": lambda: AmpStatus(False, None, "cpu", False, None),
@@ -415,12 +461,15 @@ CASES: dict[str, Callable[[], object]] = {
 
 
 def _rendered(case: str) -> render.Rendered:
-    if case == "notebook_progress":
-        return _progress()
+    if case in PROGRESS:
+        return _progress(PROGRESS[case])
     return render.render(CASES[case](), width=WIDTH)
 
 
-@pytest.mark.parametrize("case", [*CASES, "notebook_progress"])
+ALL_CASES = [*CASES, *PROGRESS]
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
 def test_golden(case: str) -> None:
     bundle = _rendered(case)._repr_mimebundle_()
     text = bundle["text/plain"]

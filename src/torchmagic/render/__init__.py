@@ -20,18 +20,11 @@ from ..core.diagnostics.doctor import DoctorReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
-from . import device, doctor, memory, surgery, training
+from . import chart, device, doctor, memory, progress, surgery, theme, training
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
+from .progress import FitProgress, NotebookProgress, TerminalProgress
 from .surgery import ManifestHelp, change, history, manifest_help, message, summary
-from .training import (
-    FitRuns,
-    HistoryView,
-    NotebookProgress,
-    TerminalProgress,
-    amp_status,
-    fit_history,
-    fits,
-)
+from .training import FitRuns, HistoryView, amp_status, fit_history, fits
 
 
 @singledispatch
@@ -79,6 +72,7 @@ for _type, _draw in (
 
 __all__ = [
     "DEFAULT_WIDTH",
+    "FitProgress",
     "FitRuns",
     "HistoryView",
     "ManifestHelp",
@@ -87,6 +81,7 @@ __all__ = [
     "TerminalProgress",
     "amp_status",
     "change",
+    "chart",
     "fit_history",
     "fits",
     "history",
@@ -95,6 +90,8 @@ __all__ = [
     "lr",
     "manifest_help",
     "message",
+    "progress",
     "render",
     "summary",
+    "theme",
 ]

@@ -1,20 +1,33 @@
 """The drawing surface shared by every renderable: a MIME bundle with ``text/plain`` and
-``text/html``, from a console created per render (never at import, never forced to be a
-terminal), and number formatting."""
+``text/html`` drawn from the same lines, by a console created per render (never at import,
+never forced to be a terminal), and number formatting."""
 
 from __future__ import annotations
 
+import html
 import io
-from collections.abc import Collection, Sequence
+import shutil
+import sys
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from rich.console import Console, JustifyMethod, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 
+from . import theme
+
+# Front ends style <pre> and <code> in their own ways (JupyterLab: ``.jp-RenderedHTMLCommon
+# code {white-space: pre-wrap}``), and a stylesheet rule with !important beats an inline
+# style without: no <code>, and the inline rules that keep a row on one line carry
+# !important. The block around it scrolls sideways when a table is wider than the output.
 _HTML = (
-    '<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
+    '<div class="torchmagic-output" style="overflow-x:auto !important;max-width:100%">'
+    '<pre style="white-space:pre !important;overflow-wrap:normal !important;'
+    "word-break:normal !important;overflow:visible !important;margin:0;padding:0;"
+    "background:transparent;line-height:normal;font-size:inherit;"
     "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">"
-    "<code>{code}</code></pre>"
+    "{code}</pre></div>"
 )
 
 
@@ -27,28 +40,52 @@ def wanted(include: Collection[str] | None, exclude: Collection[str] | None) -> 
     return [m for m in MIME_TYPES if (not include or m in include) and m not in (exclude or ())]
 
 
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel: the output goes to a notebook, not a terminal."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return getattr(shell, "kernel", None) is not None
+
+
+def default_width() -> int:
+    """The width when none is configured: the terminal's in a terminal; in a notebook
+    ``DEFAULT_WIDTH``, and the HTML scrolls sideways when the window is narrower."""
+    if in_kernel():
+        return DEFAULT_WIDTH
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
 class Rendered:
-    """A renderable with its own MIME bundle; ``display()`` it, or ``str()`` it."""
+    """A renderable with its own MIME bundle; ``display()`` it, or ``str()`` it.
+
+    ``width`` None or 0 means ``default_width()``."""
 
     def __init__(self, renderable: RenderableType, width: int | None = None) -> None:
         self.renderable = renderable
-        self.width = width or DEFAULT_WIDTH
+        self.width = width or default_width()
 
-    def _console(self) -> Console:
+    def lines(self) -> list[list[Segment]]:
+        """The renderable drawn at ``width``, as lines of styled segments, trailing blanks
+        dropped: the one drawing both MIME types come from."""
         # markup off: module names, commands and usage strings contain [brackets];
-        # force_jupyter off: in a kernel rich would otherwise display its own copy
+        # force_jupyter off: in a kernel rich would otherwise display its own copy;
+        # a colour system, or a progress bar leaves out its empty part
         console = Console(
-            record=True,
             force_jupyter=False,
+            color_system="truecolor",
+            force_terminal=False,
             width=self.width,
             file=io.StringIO(),
-            color_system="truecolor",
             markup=False,
             highlight=False,
             emoji=False,
         )
-        console.print(self.renderable)
-        return console
+        lines = [
+            _rstrip(Segment.simplify(line))
+            for line in console.render_lines(self.renderable, pad=False)
+        ]
+        while lines and not lines[-1]:
+            lines.pop()
+        return lines
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
@@ -56,29 +93,48 @@ class Rendered:
         types = wanted(include, exclude)
         if not types:
             return {}
-        console = self._console()
+        lines = self.lines()
         bundle = {}
         if "text/plain" in types:
-            bundle["text/plain"] = _plain(console.export_text(clear=False))
+            bundle["text/plain"] = _text(lines)
         if "text/html" in types:
-            bundle["text/html"] = console.export_html(inline_styles=True, code_format=_HTML)
+            bundle["text/html"] = _HTML.format(code="\n".join(_html_line(ln) for ln in lines))
         return bundle
 
     def __str__(self) -> str:
-        return _plain(self._console().export_text())
+        return _text(self.lines())
 
 
-def _plain(text: str) -> str:
-    """Table cells pad with spaces: no line ends in one, and no blank tail."""
-    return "\n".join(line.rstrip() for line in text.rstrip("\n").split("\n"))
+def _rstrip(line: Iterable[Segment]) -> list[Segment]:
+    """Table cells pad with spaces: no line ends in one."""
+    kept = list(line)
+    while kept and not kept[-1].text.rstrip():
+        kept.pop()
+    if kept:
+        last = kept[-1]
+        kept[-1] = Segment(last.text.rstrip(), last.style)
+    return kept
+
+
+def _text(lines: Sequence[Sequence[Segment]]) -> str:
+    return "\n".join("".join(segment.text for segment in line) for line in lines)
+
+
+def _html_line(line: Sequence[Segment]) -> str:
+    parts = []
+    for segment in line:
+        text = html.escape(segment.text, quote=False)
+        rules = theme.css(segment.style) if segment.style else ""
+        parts.append(f'<span style="{rules}">{text}</span>' if rules else text)
+    return "".join(parts)
 
 
 def human(n: float) -> str:
-    """12_345_678 → '12.3M'."""
+    """12_345_678 → '12.3M', 256.0 → '256', 0.42 → '0.42' (a slow rate is not 0)."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
-    return str(int(n))
+    return f"{n:.3g}"
 
 
 def lr(value: float) -> str:

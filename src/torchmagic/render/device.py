@@ -9,6 +9,7 @@ from rich.text import Text
 from ..core.devices.device import DeviceReport, MoveReport
 from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport, Misplaced
+from . import theme
 from .base import Rendered, human_bytes, table
 
 
@@ -36,17 +37,17 @@ def devices(report: DeviceReport, width: int | None = None) -> Rendered:
     )
     for d in report.devices:
         drawn.add_row(
-            Text("●", style="bold green") if d.current else "",
+            Text("●", style=theme.style("ok", bold=True)) if d.current else "",
             Text(d.name, style="bold" if d.current else ""),
             d.description,
             d.capability,
             _bytes(d.free_bytes),
             _bytes(d.total_bytes),
             _yes_no(d.bf16),
-            Text(d.detail, style="dim"),
+            Text(d.detail, style=theme.style("dim")),
         )
     parts: list[RenderableType] = [drawn, Text(f"session device: {report.current}")]
-    parts += [Text(note, style="dim") for note in report.notes]
+    parts += [Text(note, style=theme.style("dim")) for note in report.notes]
     return Rendered(Group(*parts), width)
 
 
@@ -65,7 +66,12 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
     for m in items:
         shape = "×".join(map(str, m.shape)) if m.shape else "scalar"
         drawn.add_row(
-            m.name, m.kind, Text(m.device, style="red"), shape, human_bytes(m.nbytes), m.fix
+            m.name,
+            m.kind,
+            Text(m.device, style=theme.style("error")),
+            shape,
+            human_bytes(m.nbytes),
+            m.fix,
         )
     return drawn
 
@@ -94,12 +100,14 @@ def moved(report: MoveReport, width: int | None = None) -> Rendered:
 
 def misplaced(report: CheckReport, width: int | None = None) -> Rendered:
     if report.reference is None:
-        return Rendered(Text(f"`{report.model_name}` has no tensors", style="dim"), width)
+        return Rendered(
+            Text(f"`{report.model_name}` has no tensors", style=theme.style("dim")), width
+        )
     if not report.misplaced:
         return Rendered(
             Text(
                 f"all {report.tensors} tensors of `{report.model_name}` are on {report.reference}",
-                style="green",
+                style=theme.style("ok"),
             ),
             width,
         )
@@ -129,8 +137,10 @@ def pin_report(report: PinReport, width: int | None = None) -> Rendered:
         rate = report.batch_bytes / ms / 1e6 if ms else 0.0
         drawn.add_row(memory, copy, f"{ms:.3f}", f"{rate:.1f}")
     drawn.add_row("(pin_memory() itself)", "", f"{report.pin_ms:.3f}", "")
-    advice = Text(report.advice, style="bold green" if report.recommend else "")
+    advice = Text(report.advice, style=theme.style("ok", bold=True) if report.recommend else "")
     parts: list[RenderableType] = [drawn, advice]
     if report.loader_pins is not None:
-        parts.append(Text(f"the loader has pin_memory={report.loader_pins}", style="dim"))
+        parts.append(
+            Text(f"the loader has pin_memory={report.loader_pins}", style=theme.style("dim"))
+        )
     return Rendered(Group(*parts), width)

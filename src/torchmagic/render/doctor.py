@@ -6,15 +6,23 @@ from rich.console import Group
 from rich.text import Text
 
 from ..core.diagnostics.doctor import DoctorReport
+from . import theme
 from .base import Rendered, human_bytes, table
 
-_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_STYLE = {
+    "error": theme.style("error", bold=True),
+    "warning": theme.style("warning"),
+    "info": theme.style("info"),
+}
 
 
 def doctor(report: DoctorReport, width: int | None = None) -> Rendered:
     scanned = "scanned: " + (", ".join(report.scanned) or "nothing (no models or optimizers)")
     if not report.findings:
-        return Rendered(Group(Text("no problems found", style="bold green"), Text(scanned)), width)
+        return Rendered(
+            Group(Text("no problems found", style=theme.style("ok", bold=True)), Text(scanned)),
+            width,
+        )
     counts = {s: sum(f.severity == s for f in report.findings) for s in _STYLE}
     head = Text("doctor: ", style="bold")
     head.append(
@@ -31,6 +39,6 @@ def doctor(report: DoctorReport, width: int | None = None) -> Rendered:
         if f.nbytes:
             problem.append(f" ({human_bytes(f.nbytes)})")
         problem.append("\n→ ")
-        problem.append(f.fix, style="green")
+        problem.append(f.fix, style=theme.style("ok"))
         drawn.add_row(Text(f.severity, style=_STYLE[f.severity]), f.check, f.subject, problem)
-    return Rendered(Group(head, drawn, Text(scanned, style="dim")), width)
+    return Rendered(Group(head, drawn, Text(scanned, style=theme.style("dim"))), width)

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from ..core.devices.estimate import Estimate
 from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
+from . import theme
 from .base import Rendered, human, human_bytes, table
 
 
@@ -30,7 +31,7 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
         ("optimizer state", report.optimizer_state, ""),
     )
     for label, n, note in rows:
-        drawn.add_row(label, human_bytes(n), Text(note, style="dim"))
+        drawn.add_row(label, human_bytes(n), Text(note, style=theme.style("dim")))
     drawn.add_row(Text("tensors counted", style="bold"), human_bytes(report.tensors), "")
     if report.rest is not None:
         rest = (
@@ -38,7 +39,7 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
             if report.source == "cuda allocator"
             else "interpreter, libraries, activations and other tensors"
         )
-        drawn.add_row("rest", human_bytes(report.rest), Text(rest, style="dim"))
+        drawn.add_row("rest", human_bytes(report.rest), Text(rest, style=theme.style("dim")))
     parts: list[RenderableType] = [drawn]
     totals = []
     if report.in_use is not None:
@@ -62,7 +63,7 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
                 f"the last traceback holds {report.traceback_frames} frames referencing "
                 f"{human_bytes(report.traceback_bytes)} of tensors: "
                 "%gpumem reset --tracebacks drops them",
-                style="yellow",
+                style=theme.style("warning"),
             )
         )
     return Rendered(Group(*parts), width)
@@ -76,10 +77,10 @@ def estimate(est: Estimate, width: int | None = None) -> Rendered:
     drawn.add_row(
         "gradients",
         human_bytes(est.grads),
-        Text(f"{human(est.trainable)} trainable parameters", style="dim"),
+        Text(f"{human(est.trainable)} trainable parameters", style=theme.style("dim")),
     )
     state = "unknown" if est.optimizer_state is None else human_bytes(est.optimizer_state)
-    drawn.add_row("optimizer state", state, Text(est.state_rule, style="dim"))
+    drawn.add_row("optimizer state", state, Text(est.state_rule, style=theme.style("dim")))
     if est.idle_state:
         drawn.add_row(
             "  of which idle",
@@ -91,7 +92,10 @@ def estimate(est: Estimate, width: int | None = None) -> Rendered:
         drawn.add_row(
             "activations",
             human_bytes(est.activations),
-            Text(f"saved for backward, input {shape} (the forward's peak is higher)", style="dim"),
+            Text(
+                f"saved for backward, input {shape} (the forward's peak is higher)",
+                style=theme.style("dim"),
+            ),
         )
     drawn.add_row(Text("total", style="bold"), Text(human_bytes(est.total), style="bold"), "")
     parts: list[RenderableType] = [drawn]
@@ -100,7 +104,7 @@ def estimate(est: Estimate, width: int | None = None) -> Rendered:
             Text(
                 f"frozen: {human(est.frozen)} parameters; freezing them saves "
                 f"{human_bytes(est.freeze_saving)} of gradients and optimizer state",
-                style="green",
+                style=theme.style("ok"),
             )
         )
     return Rendered(Group(*parts), width)

@@ -9,10 +9,15 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
+from . import theme
 from .base import Rendered, human, human_bytes, lr, table
 
-_STATE_STYLE = {"trainable": "green", "frozen": "cyan", "partial": "yellow"}
-_STATUS_STYLE = {"new": "bold green", "changed": "yellow"}
+_STATE_STYLE = {
+    "trainable": theme.style("ok"),
+    "frozen": theme.style("info"),
+    "partial": theme.style("warning"),
+}
+_STATUS_STYLE = {"new": theme.style("ok", bold=True), "changed": theme.style("warning")}
 
 
 def _names(modules: Sequence[str], shown: int = 6) -> str:
@@ -20,6 +25,12 @@ def _names(modules: Sequence[str], shown: int = 6) -> str:
     if len(modules) <= shown:
         return ", ".join(modules)
     return ", ".join(modules[:shown]) + f" … and {len(modules) - shown} more"
+
+
+def group_label(group: GroupInfo) -> str:
+    """A group's name; an unnamed group (the engine labels it by its index) reads
+    "group 0", so it is not mistaken for a Sequential child "0"."""
+    return f"group {group.index}" if group.name == str(group.index) else group.name
 
 
 def _group_lr(group: GroupInfo) -> str:
@@ -58,7 +69,7 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
         params = human(g.numel) if g.tensors else "(empty)"
         drawn.add_row(
             str(g.index),
-            g.name,
+            group_label(g),
             rate,
             wd,
             str(g.tensors),
@@ -67,7 +78,9 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
         )
     parts: list[RenderableType] = [drawn]
     if not per_group and groups[0].schedulers:
-        parts.append(Text(f"lr schedule: {_schedulers(groups[0].schedulers)}", style="dim"))
+        parts.append(
+            Text(f"lr schedule: {_schedulers(groups[0].schedulers)}", style=theme.style("dim"))
+        )
     return parts
 
 
@@ -88,7 +101,7 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
         "eval": "eval mode",
     }
     parts = [f"{n} {meaning[m]}" for m, n in modes.items() if n]
-    return Text("BatchNorm: " + "; ".join(parts), style="magenta")
+    return Text("BatchNorm: " + "; ".join(parts), style=theme.style("bn"))
 
 
 def change(change: Change, width: int | None = None) -> Rendered:
@@ -100,9 +113,9 @@ def change(change: Change, width: int | None = None) -> Rendered:
     }.get(change.action, change.action)
     title = Text()
     if change.dry_run:
-        title.append("dry run — nothing changed · ", style="bold yellow")
+        title.append("dry run — nothing changed · ", style=theme.style("warning", bold=True))
     title.append(f"{verb} ", style="bold")
-    title.append(_names(change.effect.modules), style="bold cyan")
+    title.append(_names(change.effect.modules), style=theme.style("accent", bold=True))
     title.append(f"  ({human(change.effect.params)} params) in `{change.model_name}`")
     before, after = change.before, change.after
     counts = Text(
@@ -111,7 +124,9 @@ def change(change: Change, width: int | None = None) -> Rendered:
     )
     parts: list[RenderableType] = [title, counts]
     if change.action == "undo":
-        parts.insert(1, Text(f"reverted: {change.command.removeprefix('undo ')}", style="dim"))
+        parts.insert(
+            1, Text(f"reverted: {change.command.removeprefix('undo ')}", style=theme.style("dim"))
+        )
     if change.effect.state_freed_bytes:
         parts.append(
             Text(
@@ -123,11 +138,11 @@ def change(change: Change, width: int | None = None) -> Rendered:
     if bn is not None:
         parts.append(bn)
     for note in change.effect.notes:
-        parts.append(Text(note, style="dim"))
+        parts.append(Text(note, style=theme.style("dim")))
     if change.groups:
         parts += _groups(change.groups, change.optimizer_name)
     elif change.optimizer_name is None:
-        parts.append(Text("no optimizer bound to this model", style="dim"))
+        parts.append(Text("no optimizer bound to this model", style=theme.style("dim")))
     return Rendered(Group(*parts), width)
 
 
@@ -152,14 +167,17 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
             human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             " ".join(f"{mode} {n}" for mode, n in row.bn.items()),
-            ", ".join(report.groups[i].name for i in row.groups),
+            ", ".join(group_label(report.groups[i]) for i in row.groups),
             _lr_range(report.lrs(row)),
         )
     c = report.counts
     parts: list[RenderableType] = [drawn]
     if report.hidden_rows:
         parts.append(
-            Text(f"… {report.hidden_rows} more rows not shown (use --depth to choose)", style="dim")
+            Text(
+                f"… {report.hidden_rows} more rows not shown (use --depth to choose)",
+                style=theme.style("dim"),
+            )
         )
     parts.append(
         Text(
@@ -175,7 +193,7 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
 
 def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Rendered:
     if not entries:
-        return Rendered(Text("no commands yet", style="dim"), width)
+        return Rendered(Text("no commands yet", style=theme.style("dim")), width)
     drawn = table(
         "torchmagic history",
         [("#", "right"), ("command", "left"), ("model", "left"), ("modules", "left"), ("", "left")],
@@ -186,7 +204,7 @@ def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Render
             e.command,
             e.model_name,
             _names(e.modules),
-            "" if e.live else Text("stale: model rebound", style="dim"),
+            "" if e.live else Text("stale: model rebound", style=theme.style("dim")),
         )
     return Rendered(drawn, width)
 

@@ -1,23 +1,19 @@
-"""Renderables for training: live %fit progress, fit histories (one run or several side by
-side, with a small chart when matplotlib is installed) and the AMP status."""
+"""Renderables for training results: fit histories (one run, or several side by side,
+with a chart in HTML) and the AMP status. Live progress is in ``progress``."""
 
 from __future__ import annotations
 
-import base64
-import io
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from rich.console import Console, Group, NewLine, RenderableType
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
-from rich.progress_bar import ProgressBar
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from ..core.training.amp import AmpStatus
-from ..core.training.fit import EpochMetrics, FitHistory, FitStart, StepInfo
-from .base import DEFAULT_WIDTH, Rendered, human, lr, table
+from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
+from . import chart, theme
+from .base import Rendered, human, lr, table
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -28,180 +24,50 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}%"
 
 
-def _lrs(lrs: Sequence[float]) -> str:
-    return ", ".join(lr(value) for value in lrs)
+def group_names(snapshot: StepInfo | EpochMetrics) -> tuple[str, ...]:
+    """Labels for ``snapshot.lrs``: the loop's group names when it sends them (a
+    ``groups`` field parallel to ``lrs``), else "group i" by position."""
+    names = getattr(snapshot, "groups", None)
+    if names and len(names) == len(snapshot.lrs):
+        return tuple(names)
+    return tuple(f"group {i}" for i in range(len(snapshot.lrs)))
 
 
-def _epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
-    columns = ("epoch", "train loss", "val loss", "val acc", "samples/s", "s", "lr")
-    drawn = table(title or None, [(c, "left" if c == "lr" else "right") for c in columns])
+def lr_text(lrs: Sequence[float], names: Sequence[str]) -> str:
+    """One lr when every group shares it, else each group's by name."""
+    if len(set(lrs)) <= 1:
+        return lr(lrs[0]) if lrs else ""
+    return ", ".join(f"{name}: {lr(value)}" for name, value in zip(names, lrs, strict=True))
+
+
+def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
+    """One row per epoch; validation columns only when a run validated, and one lr
+    column per group (named) when the groups' lrs differ."""
+    validated = any(m.val_loss is not None or m.val_accuracy is not None for m in epochs)
+    per_group = any(len(set(m.lrs)) > 1 for m in epochs)
+    names = group_names(max(epochs, key=lambda m: len(m.lrs))) if epochs else ()
+    lr_columns = [f"lr {name}" for name in names] if per_group else ["lr"]
+    columns = [
+        "epoch",
+        "train loss",
+        *(["val loss", "val acc"] if validated else []),
+        "samples/s",
+        "time (s)",
+        *lr_columns,
+    ]
+    drawn = table(title or None, [(c, "right") for c in columns])
     for m in epochs:
         rate = m.samples / m.seconds if m.seconds else 0.0
+        lrs = [lr(value) for value in m.lrs] if per_group else [lr_text(m.lrs, ())]
         drawn.add_row(
             str(m.epoch),
             _num(m.train_loss),
-            _num(m.val_loss),
-            _pct(m.val_accuracy),
+            *([_num(m.val_loss), _pct(m.val_accuracy)] if validated else []),
             human(rate),
             f"{m.seconds:.1f}",
-            _lrs(m.lrs),
+            *lrs,
         )
     return drawn
-
-
-def _step_text(info: StepInfo) -> str:
-    batches = f"/{info.batches}" if info.batches else ""
-    return (
-        f"epoch {info.epoch}/{info.epochs} · step {info.step} · batch {info.batch}{batches}"
-        f" · {human(info.samples_per_s)} samples/s · loss {info.loss:.4g} · lr {_lrs(info.lrs)}"
-    )
-
-
-def _start_text(start: FitStart) -> str:
-    """The run's first line: what trains, and when each scheduler steps."""
-    schedules = ", ".join(f"{c.name} per {c.every} ({c.reason})" for c in start.schedules)
-    return (
-        f"{start.label} · {start.model_name} · {start.precision}"
-        + (" · cached features" if start.cached_features else "")
-        + f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}"
-        + (f" · max {start.max_steps} steps" if start.max_steps is not None else "")
-        + f" · schedulers: {schedules or 'none'}"
-    )
-
-
-def _step_line(info: StepInfo) -> RenderableType:
-    if not info.batches:
-        return Text(_step_text(info))
-    # a ProgressBar ends without a newline: without one the text would follow on its line
-    bar = ProgressBar(total=info.batches, completed=info.batch, width=40)
-    return Group(bar, NewLine(), Text(_step_text(info)))
-
-
-class NotebookProgress:
-    """A %fit observer that redraws one output in place through a display handle."""
-
-    refresh_seconds = 0.5
-
-    def __init__(self, show: Callable[[Rendered], Any], width: int | None = None) -> None:
-        self.width = width
-        self.start: FitStart | None = None
-        self.last: StepInfo | None = None
-        self.epochs: list[EpochMetrics] = []
-        self.handle = show(self._rendered())
-
-    def _rendered(self) -> Rendered:
-        parts: list[RenderableType] = []
-        if self.start is not None:
-            parts.append(Text(_start_text(self.start), style="dim"))
-        if self.last is not None:
-            parts.append(_step_line(self.last))
-        else:
-            parts.append(Text("starting…", style="dim"))
-        if self.epochs:
-            parts.append(_epoch_table(self.epochs))
-        return Rendered(Group(*parts), self.width)
-
-    def on_start(self, start: FitStart) -> None:
-        self.start = start
-        self.handle.update(self._rendered())
-
-    def on_step(self, info: StepInfo) -> None:
-        self.last = info
-        self.handle.update(self._rendered())
-
-    def on_epoch(self, metrics: EpochMetrics) -> None:
-        self.epochs.append(metrics)
-        self.handle.update(self._rendered())
-
-    def close(self) -> None:
-        """Nothing to release: the output stays as the last update left it."""
-
-
-class TerminalProgress:
-    """A %fit observer for a terminal: a rich progress bar for the current epoch, with
-    samples/s, running loss and lrs beside it, and a printed line per epoch."""
-
-    refresh_seconds = 0.5
-
-    def __init__(self, width: int = DEFAULT_WIDTH, console: Console | None = None) -> None:
-        self.console = console or Console(
-            width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
-        )
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            console=self.console,
-            transient=True,
-        )
-        self.task: TaskID | None = None
-
-    def on_start(self, start: FitStart) -> None:
-        self.console.print(_start_text(start))
-
-    def on_step(self, info: StepInfo) -> None:
-        if self.task is None:
-            self.progress.start()
-            self.task = self.progress.add_task("", status="")
-        self.progress.update(
-            self.task,
-            description=f"epoch {info.epoch}/{info.epochs}",
-            total=info.batches,
-            completed=info.batch,
-            status=f"{human(info.samples_per_s)} samples/s · loss {info.loss:.4g} · "
-            f"lr {_lrs(info.lrs)}",
-        )
-
-    def on_epoch(self, metrics: EpochMetrics) -> None:
-        self.console.print(
-            f"epoch {metrics.epoch}: train loss {_num(metrics.train_loss)} · val loss "
-            f"{_num(metrics.val_loss)} · val acc {_pct(metrics.val_accuracy)} · "
-            f"{metrics.seconds:.1f} s"
-        )
-
-    def close(self) -> None:
-        if self.task is not None:
-            self.progress.stop()
-            self.task = None
-
-
-def _chart(histories: Sequence[FitHistory]) -> str:
-    """A small loss / accuracy chart as an inline PNG, or '' without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        from matplotlib.figure import Figure
-    except ImportError:
-        return ""
-    fig = Figure(figsize=(7, 2.4), dpi=80)
-    loss_ax, acc_ax = fig.subplots(1, 2)
-    for h in histories:
-        xs = [m.epoch for m in h.epochs]
-        loss_ax.plot(xs, [m.train_loss for m in h.epochs], marker="o", label=f"{h.label} train")
-        if any(m.val_loss is not None for m in h.epochs):
-            loss_ax.plot(
-                xs,
-                [m.val_loss for m in h.epochs],
-                linestyle="--",
-                marker="o",
-                label=f"{h.label} val",
-            )
-        if any(m.val_accuracy is not None for m in h.epochs):
-            acc_ax.plot(xs, [m.val_accuracy for m in h.epochs], marker="o", label=h.label)
-    loss_ax.set_title("loss", fontsize=9)
-    acc_ax.set_title("val accuracy", fontsize=9)
-    for ax in (loss_ax, acc_ax):
-        ax.set_xlabel("epoch", fontsize=8)
-        ax.tick_params(labelsize=7)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return f'<img alt="fit history chart" src="data:image/png;base64,{data}"/>'
 
 
 class HistoryView(Rendered):
@@ -219,7 +85,7 @@ class HistoryView(Rendered):
     ) -> dict[str, str]:
         bundle = super()._repr_mimebundle_(include, exclude)
         if "text/html" in bundle:
-            bundle["text/html"] += _chart(self.histories)
+            bundle["text/html"] += chart.history_chart(self.histories)
         return bundle
 
 
@@ -232,8 +98,8 @@ class FitRuns:
 
 def _ending(h: FitHistory) -> Text:
     if h.stopped:
-        return Text(f"stopped: {h.stopped}", style="yellow")
-    return Text("completed", style="green")
+        return Text(f"stopped: {h.stopped}", style=theme.style("warning"))
+    return Text("completed", style=theme.style("ok"))
 
 
 def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
@@ -244,14 +110,14 @@ def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
         + f" · {history.seconds:.1f} s"
     )
     return HistoryView(
-        Group(_epoch_table(history.epochs, title), _ending(history)), [history], width
+        Group(epoch_table(history.epochs, title), _ending(history)), [history], width
     )
 
 
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
     """Every %fit of the session side by side: one column per run."""
     if not histories:
-        return HistoryView(Text("no %fit runs yet", style="dim"), [], width)
+        return HistoryView(Text("no %fit runs yet", style=theme.style("dim")), [], width)
     drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)])
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
@@ -276,7 +142,10 @@ def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
     if not status.enabled:
         head = Text("AMP off", style="bold")
     else:
-        head = Text(f"AMP on: autocast {status.dtype} on {status.device_type}", style="bold green")
+        head = Text(
+            f"AMP on: autocast {status.dtype} on {status.device_type}",
+            style=theme.style("ok", bold=True),
+        )
     parts: list[RenderableType] = [head]
     if status.scaler:
         scale = "" if status.scale is None else f", scale {status.scale:g}"
@@ -284,5 +153,5 @@ def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
     elif status.enabled:
         parts.append(Text("no GradScaler (not needed for bf16)"))
     if status.note:
-        parts.append(Text(status.note, style="dim"))
+        parts.append(Text(status.note, style=theme.style("dim")))
     return Rendered(Group(*parts), width)

@@ -1,0 +1,74 @@
+"""The fit-history chart: loss per epoch, and validation accuracy in % when a run has it.
+
+Drawn with matplotlib's object-oriented API (a ``Figure`` saved to a buffer), never
+pyplot, so the user's backend is left as it was. The SVG is inlined with a transparent
+background; axes, ticks and labels use ``currentColor`` (the notebook's text colour), and
+the lines use palette colours that read on light and dark backgrounds alike.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from ..core.training.fit import FitHistory
+from .theme import ROLES
+
+# drawn in this colour, then written as currentColor: no line uses it
+_INK = "#010203"
+LINE_COLORS = tuple(ROLES[r].fallback for r in ("accent", "error", "ok", "bn", "warning", "info"))
+
+
+def _axes_style(ax, title: str, epochs: Sequence[int]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title, fontsize=9, color=_INK)
+    ax.set_xlabel("epoch", fontsize=8, color=_INK)
+    ax.set_xlim(min(epochs) - 0.25, max(epochs) + 0.25)  # one epoch still gets its tick
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.tick_params(labelsize=7, colors=_INK)
+    ax.set_facecolor("none")
+    for spine in ax.spines.values():
+        spine.set_color(_INK)
+    if ax.get_legend_handles_labels()[0]:
+        legend = ax.legend(fontsize=7, frameon=False, labelcolor=_INK)
+        legend.get_frame().set_alpha(0)
+
+
+def history_chart(histories: Sequence[FitHistory]) -> str:
+    """The chart as inline SVG, or '' without matplotlib or without epochs."""
+    runs = [h for h in histories if h.epochs]
+    if not runs:
+        return ""
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+    except ImportError:
+        return ""
+    with_accuracy = any(m.val_accuracy is not None for h in runs for m in h.epochs)
+    fig = Figure(figsize=(7 if with_accuracy else 3.8, 2.4))
+    fig.patch.set_alpha(0)
+    loss_ax, *rest = fig.subplots(1, 2 if with_accuracy else 1, squeeze=False)[0]
+    for i, h in enumerate(runs):
+        color = LINE_COLORS[i % len(LINE_COLORS)]
+        xs = [m.epoch for m in h.epochs]
+        loss_ax.plot(
+            xs, [m.train_loss for m in h.epochs], "o-", color=color, label=f"{h.label} train"
+        )
+        if any(m.val_loss is not None for m in h.epochs):
+            val = [m.val_loss for m in h.epochs]
+            loss_ax.plot(xs, val, "o--", color=color, label=f"{h.label} val")
+        if rest and any(m.val_accuracy is not None for m in h.epochs):
+            accuracy = [None if m.val_accuracy is None else 100 * m.val_accuracy for m in h.epochs]
+            rest[0].plot(xs, accuracy, "o-", color=color, label=h.label)
+    epochs = [m.epoch for h in runs for m in h.epochs]
+    _axes_style(loss_ax, "loss", epochs)
+    if rest:
+        _axes_style(rest[0], "val accuracy (%)", epochs)
+    fig.tight_layout()
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buffer, format="svg", transparent=True, metadata={"Date": None})
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg") :].replace(_INK, "currentColor")
+    return f'<div class="torchmagic-chart" role="img" aria-label="fit history chart">{svg}</div>'
