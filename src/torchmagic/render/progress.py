@@ -154,8 +154,9 @@ class FitProgress:
         parts += self._running()
         return Group(*parts)
 
-    def summary(self) -> Text:
-        """One line that replaces the live view: the table is the cell's result."""
+    def summary(self) -> RenderableType:
+        """What replaces the live view: the run's first line (what it trained with, how
+        each scheduler steps) and one line of outcome; the table is the cell's result."""
         label = self.start.label if self.start is not None else "%fit"
         total = f" of {self.total_epochs}" if self.total_epochs else ""
         done = len(self.epochs)
@@ -169,7 +170,9 @@ class FitProgress:
             line.append(f" · train loss {last.train_loss:.4g}")
             if last.val_accuracy is not None:
                 line.append(f" · val acc {100 * last.val_accuracy:.1f}%")
-        return line
+        if self.start is None:
+            return line
+        return Group(Text(_start_text(self.start), style=theme.style("dim")), line)
 
 
 class NotebookProgress:
