@@ -85,6 +85,7 @@ def brute_force(model, opt, budget: int, upto: int) -> int:
     return fits
 
 
+@pytest.mark.slow
 def test_answer_within_a_few_percent_of_brute_force():
     model, opt = trained()
     budget = persistent(model, opt) + 3 * MiB

@@ -60,7 +60,9 @@ class _Snapshot:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
         self.tensors = [(t, _host(t)) for t in (*model.parameters(), *model.buffers())]
-        self.grads = [(p, None if p.grad is None else _host(p.grad)) for p in model.parameters()]
+        self.grads: list[tuple[torch.Tensor, torch.Tensor | None]] = [
+            (p, None if p.grad is None else _host(p.grad)) for p in model.parameters()
+        ]
         self.state: dict[torch.Tensor, dict] = {}
         if optimizer is not None:
             for p, entry in optimizer.state.items():
@@ -113,9 +115,9 @@ def _train_step(
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         out = model(x)
         floats = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
-        loss = sum(t.float().sum() for t in floats)
+        loss = torch.stack([t.float().sum() for t in floats]).sum() if floats else None
     del out, floats
-    if torch.is_tensor(loss):
+    if loss is not None:
         (scaler.scale(loss) if scaler is not None else loss).backward()
     del loss
     if optimizer is not None:

@@ -293,7 +293,7 @@ class _LiveBytes(TorchDispatchMode):
         self.phase = ""
         self.peaks: dict[str, Counter[str]] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {
             t.untyped_storage()._cdata
@@ -411,7 +411,7 @@ def _activation_pass(
         ]
         if floats:
             tracker.phase = "backward"
-            sum(t.float().sum() for t in floats).backward()
+            torch.stack([t.float().sum() for t in floats]).sum().backward()
         del out, floats
     forward = tracker.peaks.get("forward", Counter())
     backward = tracker.peaks.get("backward", Counter())
@@ -492,7 +492,7 @@ def optimizer_temporaries(
         extra = {"foreach": how == "foreach"} if "foreach" in group else {}
         replicas.append({**group, **extra, "params": params})
     try:
-        replica = cls(replicas)
+        replica = cls(replicas)  # type: ignore[call-arg]  # torch.optim classes default the rest
         for _ in range(2):  # the first step creates the state, the second is measured
             for group in replica.param_groups:
                 for p in group["params"]:
