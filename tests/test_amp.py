@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuda_fakes import fake_cuda
 from torchmagic import TorchMagicError
 from torchmagic.core.training.amp import AmpController, choose_dtype
 
@@ -10,8 +11,7 @@ def test_policy_per_device_type(monkeypatch):
     assert choose_dtype("cpu") is torch.bfloat16
     with pytest.raises(TorchMagicError, match="use bf16 instead"):
         choose_dtype("cpu", "fp16")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    fake_cuda(monkeypatch)  # an A100: bf16
     assert choose_dtype("cuda") is torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert choose_dtype("cuda") is torch.float16  # e.g. a T4 or V100
@@ -19,7 +19,6 @@ def test_policy_per_device_type(monkeypatch):
         choose_dtype("cuda", "bf16")
     with pytest.raises(TorchMagicError, match="unknown precision"):
         choose_dtype("cpu", "fp8")
-    assert not torch.cuda.is_initialized()
 
 
 def test_bf16_needs_no_scaler():
@@ -30,7 +29,7 @@ def test_bf16_needs_no_scaler():
 
 
 def test_scaler_state_survives_off_and_on(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_cuda(monkeypatch)
     amp = AmpController()
     amp.turn_on("cuda", "fp16")
     first = amp.scaler
@@ -45,7 +44,6 @@ def test_scaler_state_survives_off_and_on(monkeypatch):
     assert amp.scaler is not first
     assert amp.scaler.get_scale() == 1024.0 and status.scale == 1024.0
     assert amp.scaler.state_dict()["_growth_tracker"] == 7
-    assert not torch.cuda.is_initialized()
 
 
 def test_autocast_covers_forward_only():

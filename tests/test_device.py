@@ -1,18 +1,17 @@
 """%device engine: listing, resolving, moving a training setup, misplaced tensors, pinbench.
 
 CPU only. The meta device stands in for a second device (tensors there have shapes but no
-data); CUDA availability is faked only where no CUDA call follows. CUDA is never
-initialised.
+data); GPUs are faked (``cuda_fakes``) or hidden, so these tests mean the same on a
+machine with CUDA.
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
+from cuda_fakes import auto_device, fake_cuda, gpu, no_cuda
 from snapshots import assert_same, snapshot
 from torchmagic import TorchMagicError
 from torchmagic.core.devices import device as dev
@@ -21,12 +20,6 @@ from torchmagic.core.devices.placement import find_misplaced
 from torchmagic.render.device import devices, misplaced, moved, pin_report
 
 META = torch.device("meta")
-
-
-@pytest.fixture(autouse=True)
-def cuda_stays_uninitialised():
-    yield
-    assert not torch.cuda.is_initialized()
 
 
 class Anchored(nn.Module):
@@ -58,7 +51,8 @@ def nbytes(tensors) -> int:
 # -- listing and resolving -----------------------------------------------------------
 
 
-def test_list_devices_without_gpu_names_the_cpu_and_why_no_cuda():
+def test_list_devices_without_gpu_names_the_cpu_and_why_no_cuda(monkeypatch):
+    no_cuda(monkeypatch)
     report = dev.list_devices()
     assert [d.name for d in report.devices] == ["cpu"]
     cpu = report.devices[0]
@@ -71,14 +65,7 @@ def test_list_devices_without_gpu_names_the_cpu_and_why_no_cuda():
 
 def test_list_devices_with_faked_gpus(monkeypatch):
     """The listing logic over two fake GPUs (properties and free memory faked)."""
-    props = [
-        SimpleNamespace(name="Fake A100", major=8, minor=0, multi_processor_count=108),
-        SimpleNamespace(name="Fake T4", major=7, minor=5, multi_processor_count=40),
-    ]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (10 * 2**30, 40 * 2**30))
+    fake_cuda(monkeypatch, [gpu("Fake A100", 8, 0, 108), gpu("Fake T4", 7, 5, 40)])
     report = dev.list_devices("cuda:1")
     names = [d.name for d in report.devices]
     assert names == ["cpu", "cuda:0", "cuda:1"]
@@ -89,9 +76,18 @@ def test_list_devices_with_faked_gpus(monkeypatch):
     assert dev.list_devices().current == "cuda:0"  # auto: the first GPU
 
 
-@pytest.mark.parametrize("spec", ["cpu", "CPU", " cpu ", "auto"])
+@pytest.mark.parametrize("spec", ["cpu", "CPU", " cpu "])
 def test_resolve_cpu(spec):
     assert dev.resolve_device(spec) == torch.device("cpu")
+
+
+def test_resolve_auto_is_what_this_machine_has():
+    assert dev.resolve_device("auto") == auto_device()
+
+
+def test_resolve_auto_without_gpus_is_the_cpu(monkeypatch):
+    no_cuda(monkeypatch)
+    assert dev.resolve_device("auto") == torch.device("cpu")
 
 
 @pytest.mark.parametrize(
@@ -104,14 +100,14 @@ def test_resolve_cpu(spec):
         ("meta", "not a device torchmagic manages"),
     ],
 )
-def test_resolve_refuses_what_is_not_here(spec, words):
+def test_resolve_refuses_what_is_not_here(spec, words, monkeypatch):
+    no_cuda(monkeypatch)
     with pytest.raises(TorchMagicError, match=words):
         dev.resolve_device(spec)
 
 
 def test_resolve_cuda_index_checked_against_the_count(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    fake_cuda(monkeypatch, [gpu(), gpu()])
     assert dev.resolve_device("cuda") == torch.device("cuda", 0)
     assert dev.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert dev.resolve_device("auto") == torch.device("cuda", 0)
@@ -183,8 +179,7 @@ def test_move_out_of_meta_is_refused_before_anything_moves():
 
 def test_move_refuses_a_gpu_without_room(monkeypatch, resnet):
     """The room check runs before any tensor moves (CUDA faked: nothing reaches it)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (2**20, 80 * 2**30))
+    fake_cuda(monkeypatch, free=2**20, total=80 * 2**30)
     before = snapshot(resnet)
     with pytest.raises(TorchMagicError, match="MiB free"):
         dev.move(resnet, torch.device("cuda", 0))
@@ -266,7 +261,8 @@ class CountingLoader:
         yield torch.randn(2, 3)
 
 
-def test_pinbench_without_cuda_says_so_and_does_nothing():
+def test_pinbench_without_cuda_says_so_and_does_nothing(monkeypatch):
+    no_cuda(monkeypatch)
     loader = CountingLoader()
     report = pinbench(loader)
     assert not report.ran and "no CUDA device" in report.reason

@@ -10,18 +10,13 @@ import torch
 import torchvision
 from torch import nn
 
+from cuda_fakes import no_cuda
 from torchmagic import Session
 from torchmagic.core.diagnostics.doctor import CompileWatch, diagnose, is_compiled
 from torchmagic.core.training.amp import AmpController
 from torchmagic.render.doctor import doctor as render_doctor
 
 META = torch.device("meta")
-
-
-@pytest.fixture(autouse=True)
-def cuda_stays_uninitialised():
-    yield
-    assert not torch.cuda.is_initialized()
 
 
 def stage(channels: int) -> nn.Sequential:
@@ -309,7 +304,8 @@ def test_lists_that_keep_graphs_alive(model):
 # 8 -------------------------------------------------------------------------------------
 
 
-def test_data_parallel(model):
+def test_data_parallel(model, monkeypatch):
+    no_cuda(monkeypatch)  # with GPUs, DataParallel would move the model to cuda:0
     model.eval()
     (finding,) = only(diagnose({"model": nn.DataParallel(model)}), "data-parallel")
     assert "DistributedDataParallel" in finding.fix

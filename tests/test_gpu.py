@@ -7,6 +7,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session
 from torchmagic.core.devices import device, memory, pinbench
+from torchmagic.core.devices.batch_size import find_batch_size
+from torchmagic.core.devices.estimate import estimate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,3 +72,49 @@ def test_memory_breakdown_and_pinbench_use_cuda():
     assert report.source == "cuda allocator" and report.optimizer_state > 0
     batch = (torch.randn(64, 3, 224, 224), torch.zeros(64, dtype=torch.long))
     assert pinbench.pinbench(batch, "cuda", repeats=3).ran
+
+
+def test_list_devices_names_every_gpu():
+    report = device.list_devices()
+    names = [d.name for d in report.devices]
+    assert names[1:] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    assert all(d.total_bytes and d.description for d in report.devices[1:])
+
+
+def test_estimated_peak_is_near_the_measured_peak():
+    """The bench's 10 % target on resnet50 / vit_b_16 lives in bench/memory.py; here a
+    quick guard on resnet18 (20 %: small models make the workspace allowance weigh more)."""
+    model, opt = trained_on_cpu()
+    device.move(model, "cuda", opt)
+    x = torch.randn(32, 3, 128, 128, device="cuda")
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    predicted = estimate(model, opt, tuple(x.shape)).peak.total
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - x.numel() * 4  # x is the input term
+    assert abs(predicted - measured) <= 0.2 * measured
+
+
+def test_find_batch_size_on_cuda_leaves_the_state_as_it_was():
+    model, opt = trained_on_cpu()
+    device.move(model, "cuda", opt)
+    weights = [t.clone() for t in (*model.parameters(), *model.buffers())]
+    state = [v.clone() for s in opt.state.values() for v in s.values()]
+    rng = torch.cuda.get_rng_state()
+    report = find_batch_size(model, opt, (3, 64, 64), max_batch=4096)
+    assert report.batch > 8 and report.confirmed_bytes <= report.capacity
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(weights, [*model.parameters(), *model.buffers()], strict=True)
+    )
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(state, [v for s in opt.state.values() for v in s.values()], strict=True)
+    )
+    assert torch.equal(rng, torch.cuda.get_rng_state())

@@ -1,11 +1,11 @@
 """The magics on a fresh InteractiveShell per test, asserting on the live objects."""
 
 import pytest
-import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
+from cuda_fakes import cuda_initialised_after
 from snapshots import assert_same, snapshot
 
 SETUP = """
@@ -173,11 +173,39 @@ def test_help_lists_every_magic(ip):
         assert name in text
 
 
-def test_load_does_not_initialise_cuda(ip):
-    run(ip, SETUP)
-    run(ip, "%freeze layer1-3")
-    run(ip, "%summary")
-    assert not torch.cuda.is_initialized()
+NO_CUDA_SESSION = """
+import torchmagic, torch, torchvision
+assert not torch.cuda.is_initialized(), "importing torchmagic initialised CUDA"
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "torchmagic")
+for cell in (
+    "import torch, torchvision",
+    "model = torchvision.models.resnet18(weights=None, num_classes=4)",
+    "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)",  # no step: torch's own
+    # graph-capture check in Adam.step initialises CUDA wherever a GPU is present
+    "%freeze layer1-3",
+    "%unfreeze layer3 lr=1e-4",
+    "%replace_head fc 3",
+    "%summary",
+    "%gpumem",
+    "%gpumem estimate --input-shape 2,3,32,32",
+    "%gpumem watch on",
+    "x = torch.ones(4)",
+    "%gpumem watch off",
+    "%device check",
+    "%tm doctor",
+    "%amp on",
+    "%amp off",
+    "%tm undo",
+):
+    ip.run_cell(cell).raise_error()
+"""
+
+
+def test_loading_and_using_the_extension_never_initialises_cuda():
+    """In a fresh process: in this one, an earlier GPU test may have initialised CUDA."""
+    assert not cuda_initialised_after(NO_CUDA_SESSION)
 
 
 def test_unload_removes_the_magics(ip):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuda_fakes import no_cuda
 from torchmagic import Session, TorchMagicError
 from torchmagic.core import tensors
 from torchmagic.core.devices import memory
@@ -19,12 +20,6 @@ from torchmagic.render.memory import cell_line
 from torchmagic.render.memory import estimate as render_estimate
 from torchmagic.render.memory import memory as render_memory
 from torchmagic.render.memory import reset as render_reset
-
-
-@pytest.fixture(autouse=True)
-def cuda_stays_uninitialised():
-    yield
-    assert not torch.cuda.is_initialized()
 
 
 def nbytes(tensors) -> int:
@@ -80,7 +75,8 @@ def test_breakdown_counts_tied_weights_once():
     assert memory.breakdown(model).params_trainable == 100 * 8 * 4
 
 
-def test_breakdown_without_model_and_with_tensors_elsewhere():
+def test_breakdown_without_model_and_with_tensors_elsewhere(monkeypatch):
+    no_cuda(monkeypatch)  # else the device CUDA is in use on, once something initialised it
     assert memory.breakdown(None).device == "cpu"
     model = nn.Sequential(nn.Linear(100, 100), nn.Linear(10, 10))
     model[1].to("meta")
@@ -113,7 +109,8 @@ def test_traceback_pins_tensors_until_reset_drops_it(monkeypatch):
     assert "dropped the last traceback" in str(render_reset(reset))
 
 
-def test_reset_peaks_without_gpu_resets_the_process_peak():
+def test_reset_peaks_without_gpu_resets_the_process_peak(monkeypatch):
+    no_cuda(monkeypatch)
     reset = memory.reset_peaks()
     assert not any(p.startswith("cuda") for p in reset.peaks)
     if sys.platform.startswith("linux"):
@@ -121,7 +118,8 @@ def test_reset_peaks_without_gpu_resets_the_process_peak():
     assert reset.frames_dropped == 0
 
 
-def test_cell_watcher_measures_a_cell():
+def test_cell_watcher_measures_a_cell(monkeypatch):
+    no_cuda(monkeypatch)  # the CPU path, also where CUDA is in use
     watcher = memory.CellWatcher()
     assert watcher.post() is None  # no pre: nothing to say
     gc.collect()  # earlier tests' garbage must not be freed inside the "cell"

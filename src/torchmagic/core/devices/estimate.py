@@ -8,13 +8,20 @@ get no gradient and no optimizer state.
 
 from __future__ import annotations
 
+import copy
 import inspect
+import math
+import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.optim.optimizer import _default_to_fused_or_foreach
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
@@ -85,19 +92,20 @@ class Estimate:
     idle_state: int  # part of it held by parameters a step skips (frozen, left inside)
     activations: int | None  # saved for backward by one forward at ``input_shape``
     input_shape: tuple[int, ...] | None
+    peak: StepPeak | None  # the whole step's peak at ``input_shape``
     trainable: int  # parameters (elements)
     frozen: int
     freeze_saving: int | None  # gradients + state the frozen parameters would need
 
     @property
+    def persistent(self) -> int:
+        """Held from one step to the next (gradients until ``zero_grad``)."""
+        return self.weights + self.buffers + self.grads + (self.optimizer_state or 0)
+
+    @property
     def total(self) -> int:
-        return (
-            self.weights
-            + self.buffers
-            + self.grads
-            + (self.optimizer_state or 0)
-            + (self.activations or 0)
-        )
+        """Persistent bytes plus the saved activations (the step's peak is ``peak.total``)."""
+        return self.persistent + (self.activations or 0)
 
 
 def _scalar_bytes() -> int:
@@ -206,59 +214,345 @@ def _describe(rule: StateRule) -> str:
     return f"{rule.tensors} per trainable parameter ({rule.names})"
 
 
-def saved_activation_bytes(
-    model: nn.Module, input_shape: Sequence[int], device: torch.device | None = None
-) -> int:
-    """Bytes of the tensors autograd saves for backward during one forward pass on a random
-    input (each storage once; parameters and the input itself not counted).
+# CUDA workspaces torch allocates through its caching allocator (so they show in
+# max_memory_allocated): cuBLAS's per handle, and an allowance for cuDNN's convolution
+# algorithms. Calibrated against real steps by bench/memory.py's GPU section.
+_CUBLAS_WORKSPACE = 32 * 2**20
+_CUDNN_WORKSPACE = 128 * 2**20
 
-    This is what a training step keeps until ``backward()``; the forward's peak is higher
-    by the largest temporaries. The pass runs in the model's current train/eval mode and
-    leaves no trace: buffers (BatchNorm statistics) and the RNG state are restored.
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The peak of one training step (forward, backward, optimizer step) by term, in bytes.
+
+    Persistent: ``weights + buffers + optimizer_state`` (gradients exist from backward
+    to ``zero_grad``). On top of it each phase holds:
+
+    * forward: ``input + forward_live`` (``saved_activations`` and the live temporaries);
+    * backward: ``input + backward_saved + backward_grads + activation_grads``;
+    * optimizer step: ``grads + optimizer_temporaries``;
+
+    plus ``autocast_copies`` (low-precision copies of trainable weights autocast keeps for
+    the forward and backward) and, on CUDA, a ``workspace`` allowance. Activation terms are
+    measured on a meta-device replica of the model (no memory, no compute, the model is not
+    touched); the optimizer's temporaries by one step of a replica optimizer of the same
+    class and flags (foreach / fused as they resolve on the device).
     """
-    real = unwrap(model)
-    device = device or reference_device(real) or torch.device("cpu")
-    floating = [p for p in real.parameters() if p.is_floating_point()]
-    dtype = floating[0].dtype if floating else torch.get_default_dtype()
+
+    persistent: int
+    grads: int
+    input: int
+    saved_activations: int
+    forward_live: int
+    backward_saved: int
+    backward_grads: int
+    activation_grads: int
+    optimizer_temporaries: int | None
+    optimizer_impl: str  # "foreach", "fused", "for-loop", "no optimizer", or why unknown
+    autocast_copies: int
+    workspace: int
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Bytes held at each phase's own peak, persistent part included."""
+        common = self.persistent + self.autocast_copies + self.workspace
+        return {
+            "forward": common + self.input + self.forward_live,
+            "backward": common
+            + self.input
+            + self.backward_saved
+            + self.backward_grads
+            + self.activation_grads,
+            "optimizer step": self.persistent
+            + self.workspace
+            + self.grads
+            + (self.optimizer_temporaries or 0),
+        }
+
+    @property
+    def phase(self) -> str:
+        """The phase where the step's peak falls."""
+        phases = self.phases
+        return max(phases, key=phases.__getitem__)
+
+    @property
+    def total(self) -> int:
+        return max(self.phases.values())
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the storages ops create while it is active and that are still alive, by
+    kind ("activation" until marked "saved" or "grad"), with the kinds at each phase's
+    highest total. Storages are keyed by identity, so views and in-place ops count once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size: dict[int, int] = {}
+        self.kind: dict[int, str] = {}
+        self.by_kind: Counter[str] = Counter()
+        self.phase = ""
+        self.peaks: dict[str, Counter[str]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage()._cdata
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:  # in-place ops and views return an input's storage
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in inputs:
+                self._add(t.untyped_storage())
+        return out
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        key = storage._cdata
+        if key in self.size:
+            return
+        self.size[key], self.kind[key] = storage.nbytes(), "activation"
+        self.by_kind["activation"] += self.size[key]
+        weakref.finalize(storage, self._free, key)
+        best = self.peaks.get(self.phase)
+        if best is None or self.by_kind.total() > best.total():
+            self.peaks[self.phase] = Counter(self.by_kind)
+
+    def _free(self, key: int) -> None:
+        self.by_kind[self.kind.pop(key)] -= self.size.pop(key)
+
+    def mark(self, t: torch.Tensor, kind: str) -> None:
+        """``t``'s storage is of ``kind`` from now on (when this mode created it)."""
+        key = t.untyped_storage()._cdata
+        if self.kind.get(key) == "activation":
+            self.kind[key] = kind
+            self.by_kind["activation"] -= self.size[key]
+            self.by_kind[kind] += self.size[key]
+
+
+def _refuse_lazy(model: nn.Module) -> None:
+    if any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):
+        raise TorchMagicError(
+            "the model has lazy modules that are not initialised yet: run one forward pass "
+            "on a real batch first (the estimate never runs one that would change the model)",
+            param="model",
+        )
+
+
+def _meta_replica(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers live on the meta device (in
+    ``dtype`` when given): shapes, no memory. The model itself is not touched."""
+    memo: dict[int, object] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        meta = torch.empty(t.shape, dtype=cast, device="meta")
+        memo[id(t)] = (
+            nn.Parameter(meta, requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else meta
+        )
+    return copy.deepcopy(model, memo)
+
+
+def _compute_dtype(model: nn.Module) -> torch.dtype:
+    floating = [p for p in model.parameters() if p.is_floating_point()]
+    return floating[0].dtype if floating else torch.get_default_dtype()
+
+
+def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(n) for n in input_shape)
     if not shape or any(n < 1 for n in shape):
         raise TorchMagicError(
             f"input shape must be positive sizes, got {tuple(input_shape)}", param="input_shape"
         )
+    return shape
 
-    def key(t: torch.Tensor) -> tuple:
-        pointer = t.untyped_storage().data_ptr()
-        return (t.device, pointer) if pointer else (id(t),)  # meta tensors have no pointer
 
-    saved: dict[tuple, int] = {}
-    skip = {key(t) for t in (*real.parameters(), *real.buffers()) if not is_lazy(t)}
+@dataclass(frozen=True)
+class _Activations:
+    saved: int
+    forward_live: int
+    backward_saved: int
+    backward_grads: int  # in the replica's dtype
+    activation_grads: int
+
+
+def _activation_pass(
+    model: nn.Module, shape: tuple[int, ...], amp_dtype: torch.dtype | None
+) -> _Activations:
+    """Forward and backward of a meta replica on a random input of ``shape``, measured."""
+    real_dtype = _compute_dtype(model)
+    replica = _meta_replica(model, amp_dtype)
+    tracker = _LiveBytes()
+    for p in replica.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p: tracker.mark(p.grad, "grad"))
+    skip = {t.untyped_storage()._cdata for t in (*replica.parameters(), *replica.buffers())}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        k = key(t)
-        if k not in skip:
-            saved[k] = t.untyped_storage().nbytes()
+        if t.untyped_storage()._cdata not in skip:
+            tracker.mark(t, "saved")
         return t
 
-    buffers = [(b, b.detach().clone()) for b in real.buffers()]
-    rng_devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):
-        x = torch.randn(shape, device=device, dtype=dtype)
-        skip.add(key(x))
+    x = torch.randn(shape, device="meta", dtype=real_dtype)
+    saved = 0
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), tracker:
+        tracker.phase = "forward"
         try:
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = real(x)  # not a compiled wrapper: no compilation for a measurement
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = replica(x if amp_dtype is None else x.to(amp_dtype))
         except Exception as error:  # the user's shape does not fit the model
             raise TorchMagicError(
                 f"forward on a random input of shape {shape} failed: "
                 f"{type(error).__name__}: {error}",
                 param="input_shape",
             ) from None
-        finally:
-            with torch.no_grad():
-                for b, copy in buffers:
-                    b.copy_(copy)
-    del out
-    return sum(saved.values())
+        saved = tracker.by_kind["saved"]
+        floats = [
+            t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if floats:
+            tracker.phase = "backward"
+            torch.stack([t.float().sum() for t in floats]).sum().backward()
+        del out, floats
+    forward = tracker.peaks.get("forward", Counter())
+    backward = tracker.peaks.get("backward", Counter())
+    return _Activations(
+        saved=saved,
+        forward_live=forward.total(),
+        backward_saved=backward["saved"],
+        backward_grads=backward["grad"],
+        activation_grads=backward["activation"],
+    )
+
+
+def saved_activation_bytes(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Bytes of the tensors autograd saves for backward during one forward pass on a random
+    input (each storage once; parameters and the input itself not counted), measured on a
+    meta-device replica: the model, its buffers and the RNG are not touched."""
+    real = unwrap(model)
+    _refuse_lazy(real)
+    return _activation_pass(real, _shape(input_shape), None).saved
+
+
+def _optimizer_groups(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str,
+    options: Mapping[str, object],
+) -> tuple[type[torch.optim.Optimizer], list[dict]]:
+    """(class, groups) of the optimizer a step will run: a live one's groups (stateful
+    parameters only), or one group of every trainable parameter with ``options``."""
+    cls = _optimizer_class(optimizer)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        groups = []
+        for group in optimizer.param_groups:
+            params = _stateful(optimizer, group)  # frozen ones with a stale grad step too
+            if params:
+                rest = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+                groups.append({**rest, "params": params})
+        return cls, groups
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return cls, [{**_defaults(cls, options), "params": trainable}] if trainable else []
+
+
+def _implementation(cls: type[torch.optim.Optimizer], groups: list[dict]) -> str:
+    """How torch will run the step on the parameters' device: fused, foreach or a loop."""
+    if any(g.get("fused") for g in groups):
+        return "fused"
+    explicit = {g.get("foreach") for g in groups} - {None}
+    if explicit:
+        return "foreach" if True in explicit else "for-loop"
+    if "foreach" not in inspect.signature(cls.__init__).parameters:
+        return "for-loop"
+    params = [p for g in groups for p in g["params"]]
+    _, foreach = _default_to_fused_or_foreach(params, differentiable=False)
+    return "foreach" if foreach else "for-loop"
+
+
+def optimizer_temporaries(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str | None,
+    options: Mapping[str, object] | None = None,
+) -> tuple[int | None, str]:
+    """(bytes, implementation): what ``optimizer.step()`` allocates beyond the state and
+    frees again, measured by one step of a replica optimizer on meta tensors (same class,
+    hyper-parameters and foreach setting as the real step resolves to; fused kernels update
+    in place: 0). ``None`` with the reason when it cannot be measured."""
+    if optimizer is None:
+        return 0, "no optimizer"
+    cls, groups = _optimizer_groups(unwrap(model), optimizer, options or {})
+    if not groups:
+        return 0, "nothing to update"
+    how = _implementation(cls, groups)
+    if how == "fused":
+        return 0, how
+    replicas = []
+    for group in groups:
+        params = [torch.zeros(p.shape, dtype=p.dtype, device="meta") for p in group["params"]]
+        for p in params:
+            p.requires_grad_(True)
+        extra = {"foreach": how == "foreach"} if "foreach" in group else {}
+        replicas.append({**group, **extra, "params": params})
+    try:
+        replica = cls(replicas)  # type: ignore[call-arg]  # torch.optim classes default the rest
+        for _ in range(2):  # the first step creates the state, the second is measured
+            for group in replica.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
+            tracker = _LiveBytes()
+            with tracker:
+                replica.step()
+    except Exception as error:  # noqa: BLE001  (a class that cannot step on meta tensors)
+        return None, f"unknown ({cls.__name__} on meta tensors: {type(error).__name__})"
+    return tracker.peaks.get("", Counter()).total(), how
+
+
+def step_peak(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str | None,
+    input_shape: Sequence[int],
+    *,
+    options: Mapping[str, object] | None = None,
+    amp_dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> StepPeak:
+    """The peak of one training step at ``input_shape`` (see :class:`StepPeak`).
+
+    ``amp_dtype`` (torch.bfloat16 / torch.float16): the step runs under autocast, so
+    activations and their gradients are in that dtype. ``device``: where the step runs
+    (default: the model's), for the workspace allowance.
+    """
+    real = unwrap(model)
+    _refuse_lazy(real)
+    shape = _shape(input_shape)
+    est = estimate(real, optimizer, None, options=options)
+    acts = _activation_pass(real, shape, amp_dtype)
+    temporaries, how = optimizer_temporaries(real, optimizer, options)
+    where = torch.device(device) if device is not None else reference_device(real)
+    trainable = [p for p in real.parameters() if p.requires_grad]
+    grad_scale = 1.0
+    if amp_dtype is not None and trainable:  # replica gradients were in amp_dtype
+        grad_scale = trainable[0].element_size() / torch.empty((), dtype=amp_dtype).element_size()
+    convs = any(isinstance(m, nn.modules.conv._ConvNd) for m in real.modules())
+    workspace = 0
+    if where is not None and where.type == "cuda":
+        workspace = _CUBLAS_WORKSPACE + (_CUDNN_WORKSPACE if convs else 0)
+    autocast = 0
+    if amp_dtype is not None:
+        size = torch.empty((), dtype=amp_dtype).element_size()
+        autocast = sum(p.numel() * size for p in trainable if p.is_floating_point())
+    return StepPeak(
+        persistent=est.weights + est.buffers + (est.optimizer_state or 0),
+        grads=est.grads,
+        input=math.prod(shape) * _compute_dtype(real).itemsize,
+        saved_activations=acts.saved,
+        forward_live=acts.forward_live,
+        backward_saved=acts.backward_saved,
+        backward_grads=round(acts.backward_grads * grad_scale),
+        activation_grads=acts.activation_grads,
+        optimizer_temporaries=temporaries,
+        optimizer_impl=how,
+        autocast_copies=autocast,
+        workspace=workspace,
+    )
 
 
 def estimate(
@@ -268,16 +562,22 @@ def estimate(
     *,
     options: Mapping[str, object] | None = None,
     model_name: str = "model",
+    amp_dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
 ) -> Estimate:
     """Bytes of weights, gradients (trainable parameters) and optimizer state a training
-    step will hold, plus saved activations when ``input_shape`` is given.
+    step will hold; with ``input_shape`` also the saved activations and the peak of the
+    whole step (:class:`StepPeak`, under autocast in ``amp_dtype`` when given, on
+    ``device``, default the model's).
 
     ``optimizer`` is a live optimizer (its groups' hyper-parameters and members count:
     frozen parameters out of it, or without a gradient, get no state), or a class / name
-    (``"AdamW"``) for one built over all trainable parameters with ``options``.
+    (``"AdamW"``) for one built over all trainable parameters with ``options``. A model
+    with uninitialised lazy modules is refused: only a forward pass would size them.
     """
     real = unwrap(model)
-    params = [p for p in real.parameters() if not is_lazy(p)]  # lazy: no memory yet
+    _refuse_lazy(real)
+    params = list(real.parameters())
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]
     state = _state_estimate(real, optimizer, options or {})
@@ -287,6 +587,11 @@ def estimate(
         saving = frozen_bytes
     elif state.rule is not None:
         saving = frozen_bytes + _rule_bytes(state.rule, frozen)
+    peak = None
+    if input_shape is not None:
+        peak = step_peak(
+            real, optimizer, input_shape, options=options, amp_dtype=amp_dtype, device=device
+        )
     return Estimate(
         model_name=model_name,
         optimizer="" if optimizer is None else _optimizer_class(optimizer).__name__,
@@ -297,8 +602,9 @@ def estimate(
         optimizer_state=state.bytes,
         state_rule=state.description,
         idle_state=state.idle,
-        activations=None if input_shape is None else saved_activation_bytes(real, input_shape),
-        input_shape=None if input_shape is None else tuple(int(n) for n in input_shape),
+        activations=None if peak is None else peak.saved_activations,
+        input_shape=None if input_shape is None else _shape(input_shape),
+        peak=peak,
         trainable=sum(p.numel() for p in trainable),
         frozen=sum(p.numel() for p in frozen),
         freeze_saving=saving,

@@ -1,0 +1,262 @@
+"""The largest batch whose training step fits: measure a few small real steps, fit the
+line (activation memory grows linearly with the batch), extrapolate, confirm at the answer.
+
+A binary search of real out-of-memory errors (as Lightning's ``Tuner.scale_batch_size``
+does) needs a step per halving, several of them failing at the device's limit; here the
+probes are small and one step (CUDA) confirms. Everything a step changes (weights,
+gradients, optimizer state, BatchNorm statistics, the RNG) is snapshotted to the host
+before and restored after; the user's GradScaler is never used (fp16 probes get their
+own). On the CPU the steps are measured by counting the bytes of live tensors, and the
+answer is checked on a meta-device replica against a budget (no step at a large batch).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..errors import TorchMagicError
+from ..modules import unwrap
+from ..tensors import state_tensors, total_bytes
+from . import hostmem
+from .estimate import _LiveBytes, step_peak
+from .placement import reference_device
+
+PROBES = (2, 4, 8)  # batch sizes measured first (2: BatchNorm1d needs more than one sample)
+MARGIN = 0.05  # capacity kept free on CUDA for the allocator's fragmentation
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    batch: int
+    step_bytes: int  # the step's peak above what was allocated before it
+
+
+@dataclass(frozen=True)
+class BatchSizeReport:
+    """The answer, the line it came from and how it was found."""
+
+    device: str
+    batch: int  # the largest batch that fits (0: not even the smallest probe)
+    capacity: int  # bytes the step may use above the persistent tensors
+    fixed_bytes: int  # the fitted line: fixed_bytes + per_sample_bytes × batch
+    per_sample_bytes: int
+    points: tuple[BatchPoint, ...]
+    confirmed_bytes: int | None  # the step at the answer (CUDA: real; CPU: meta replica)
+    backoffs: int  # out-of-memory errors (CUDA) or failed checks while confirming
+    capped: bool  # the answer is max_batch, not the memory limit
+    seconds: float
+
+
+class _Snapshot:
+    """Host copies of everything a training step changes, restored in place."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.tensors = [(t, _host(t)) for t in (*model.parameters(), *model.buffers())]
+        self.grads: list[tuple[torch.Tensor, torch.Tensor | None]] = [
+            (p, None if p.grad is None else _host(p.grad)) for p in model.parameters()
+        ]
+        self.state: dict[torch.Tensor, dict] = {}
+        if optimizer is not None:
+            for p, entry in optimizer.state.items():
+                self.state[p] = {k: _host(v) if torch.is_tensor(v) else v for k, v in entry.items()}
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def drop_grads(self) -> None:
+        """Free the gradients while probing (the host copies keep their values)."""
+        for p, _ in self.grads:
+            p.grad = None
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                t.copy_(saved)
+            for p, grad in self.grads:
+                p.grad = None if grad is None else grad.to(p.device)
+        if self.optimizer is not None:
+            state = self.optimizer.state
+            for p in [p for p in state if p not in self.state]:
+                del state[p]
+            for p, saved_entry in self.state.items():
+                live = state[p]
+                for key in [k for k in live if k not in saved_entry]:
+                    del live[key]
+                for key, value in saved_entry.items():
+                    if torch.is_tensor(value) and torch.is_tensor(live.get(key)):
+                        with torch.no_grad():
+                            live[key].copy_(value)
+                    else:
+                        live[key] = value.clone() if torch.is_tensor(value) else value
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+def _train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    x: torch.Tensor,
+    amp_dtype: torch.dtype | None,
+) -> None:
+    """forward → sum of the outputs as the loss → backward → step → zero_grad."""
+    scaler = torch.amp.GradScaler(x.device.type) if amp_dtype is torch.float16 else None
+    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        out = model(x)
+        floats = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
+        loss = torch.stack([t.float().sum() for t in floats]).sum() if floats else None
+    del out, floats
+    if loss is not None:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    del loss
+    if optimizer is not None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+
+
+def _fit_line(points: Sequence[BatchPoint]) -> tuple[float, float]:
+    """(fixed, per sample) by least squares over the points."""
+    n = len(points)
+    mean_b = sum(p.batch for p in points) / n
+    mean_m = sum(p.step_bytes for p in points) / n
+    spread = sum((p.batch - mean_b) ** 2 for p in points)
+    slope = sum((p.batch - mean_b) * (p.step_bytes - mean_m) for p in points) / spread
+    return mean_m - slope * mean_b, slope
+
+
+def find_batch_size(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    input_shape: Sequence[int],
+    *,
+    budget: int | None = None,
+    max_batch: int | None = None,
+    amp_dtype: torch.dtype | None = None,
+) -> BatchSizeReport:
+    """The largest batch of inputs of ``input_shape`` (one sample, without the batch
+    dimension) whose training step fits where the model lives.
+
+    CUDA: the free memory of the model's GPU (plus what torch's cache holds unused), less
+    a 5 % margin; real steps. CPU: ``budget`` bytes for the whole training setup (default:
+    the RAM available now plus what the model and optimizer already hold). ``amp_dtype``:
+    steps under autocast (fp16 with a private GradScaler). Leaves weights, gradients,
+    optimizer state, buffers and the RNG as they were.
+    """
+    real = unwrap(model)
+    sample = tuple(int(n) for n in input_shape)
+    if not sample or any(n < 1 for n in sample):
+        raise TorchMagicError(
+            f"input shape must be positive sizes (one sample, no batch dimension), got "
+            f"{tuple(input_shape)}",
+            param="input_shape",
+        )
+    if max_batch is not None and max_batch < 1:
+        raise TorchMagicError(f"max_batch must be at least 1, got {max_batch}", param="max_batch")
+    device = reference_device(real) or torch.device("cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise TorchMagicError(f"batch size search runs on cpu or cuda, not {device}")
+    if budget is not None and device.type == "cuda":
+        raise TorchMagicError(
+            "a budget applies to the CPU; a GPU's limit is its memory", param="budget"
+        )
+    started = time.perf_counter()
+    persistent = total_bytes((*real.parameters(), *real.buffers()))
+    if optimizer is not None:
+        persistent += total_bytes(state_tensors(optimizer))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        grads = total_bytes(p.grad for p in real.parameters() if p.grad is not None)
+        capacity = int((free + cached + grads) * (1 - MARGIN))  # grads are freed to probe
+    else:
+        if budget is None:
+            available, _ = hostmem.machine_memory()
+            if available is None:
+                raise TorchMagicError(
+                    "available RAM is unknown here: give a budget", param="budget"
+                )
+            budget = available + persistent
+        capacity = budget - persistent
+    dtype = next((p.dtype for p in real.parameters() if p.is_floating_point()), None)
+    dtype = dtype or torch.get_default_dtype()
+
+    def measure(batch: int) -> int | None:
+        """Bytes a real step at ``batch`` needs above what is allocated; None on OOM."""
+        x = torch.randn((batch, *sample), device=device, dtype=dtype)
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                before = torch.cuda.memory_allocated(device)
+                _train_step(real, optimizer, x, amp_dtype)
+                torch.cuda.synchronize(device)
+                return torch.cuda.max_memory_allocated(device) - before
+            tracker = _LiveBytes()
+            with tracker:
+                _train_step(real, optimizer, x, amp_dtype)
+            return max(c.total() for c in tracker.peaks.values()) if tracker.peaks else 0
+        except torch.OutOfMemoryError:
+            return None
+        finally:
+            del x
+
+    snapshot = _Snapshot(real, optimizer)
+    snapshot.drop_grads()
+    points: list[BatchPoint] = []
+    try:
+        with torch.enable_grad():
+            if measure(PROBES[0]) is not None:  # a first step creates the optimizer state
+                for batch in PROBES:
+                    used = measure(batch)
+                    if used is None:
+                        break
+                    points.append(BatchPoint(batch, used))
+            fixed, per_sample = _fit_line(points) if len(points) >= 2 else (0.0, 0.0)
+            answer, confirmed, backoffs = 0, None, 0
+            if len(points) >= 2 and per_sample > 0:
+                answer = max(math.floor((capacity - fixed) / per_sample), 0)
+                if max_batch is not None:
+                    answer = min(answer, max_batch)
+                while answer > 0:
+                    if device.type == "cuda":
+                        confirmed = measure(answer)
+                    else:  # a real CPU step at a large batch takes minutes: the replica
+                        shape = (answer, *sample)
+                        confirmed = step_peak(real, optimizer, shape, amp_dtype=amp_dtype).total
+                        confirmed -= persistent
+                    if confirmed is not None and confirmed <= capacity:
+                        break
+                    backoffs += 1
+                    answer = math.floor(answer * 0.9)
+            elif len(points) >= 2:  # memory does not grow with the batch
+                answer = max_batch or 0
+    finally:
+        snapshot.restore()
+    return BatchSizeReport(
+        device=str(device),
+        batch=answer,
+        capacity=capacity,
+        fixed_bytes=round(fixed),
+        per_sample_bytes=round(per_sample),
+        points=tuple(points),
+        confirmed_bytes=confirmed if answer else None,
+        backoffs=backoffs,
+        capped=max_batch is not None and answer == max_batch,
+        seconds=time.perf_counter() - started,
+    )
