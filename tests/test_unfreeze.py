@@ -37,7 +37,7 @@ def test_discriminative_spread_in_module_order(trained):
     model, opt = trained
     tm = Session(model, opt)
     tm.freeze("layer1-4")
-    tm.unfreeze("layer2-4", lr="1e-5:1e-3")
+    tm.unfreeze("layer2-4", lr=(1e-5, 1e-3))
     lrs = [group(opt, f"layer{i}")["lr"] for i in (2, 3, 4)]
     assert lrs == pytest.approx([1e-5, 1e-4, 1e-3])
     assert all(p.requires_grad for p in model.layer2.parameters())
@@ -95,7 +95,7 @@ def test_undo_of_unfreeze(trained):
     tm = Session(model, opt)
     tm.freeze("layer1-3")
     before = snapshot(model, opt)
-    tm.unfreeze("layer2-3", lr="1e-5:1e-4")
+    tm.unfreeze("layer2-3", lr=(1e-5, 1e-4))
     tm.undo()
     assert_same(before, snapshot(model, opt))
 
