@@ -57,7 +57,9 @@ CASES = {
         LR,
     ),
     "ChainedScheduler": (
-        lambda o: S.ChainedScheduler([S.ConstantLR(o, 0.5, total_iters=4), S.ExponentialLR(o, 0.9)]),
+        lambda o: S.ChainedScheduler(
+            [S.ConstantLR(o, 0.5, total_iters=4), S.ExponentialLR(o, 0.9)]
+        ),
         2,
         5,
         LR,
@@ -107,9 +109,7 @@ def test_new_group_lr_is_base_times_the_schedule_factor(name):
 
 
 def test_reduce_on_plateau_keeps_x_now_then_the_same_reductions():
-    model, opt, sched, new, ref = setup(
-        lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=0), 2
-    )
+    model, opt, sched, new, ref = setup(lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=0), 2)
     assert new["lr"] == X
     ref_then = ref["lr"]
     for _ in range(4):

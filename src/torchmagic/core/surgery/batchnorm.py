@@ -81,15 +81,22 @@ def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
 _ORIGINALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+_COPIED = ("running_mean", "running_var", "weight", "bias")
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """What a FrozenBatchNorm2d holds of a BatchNorm2d: its statistics, and its affine
+    parameters when it has them."""
+    return {n: t for n in _COPIED if isinstance(t := getattr(module, n, None), torch.Tensor)}
+
+
 def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
-    ref = bn.running_mean
+    mine = _tensors(bn)
+    ref = mine["running_mean"]
     frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps).to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
-        if bn.affine:
-            frozen.weight.copy_(bn.weight)
-            frozen.bias.copy_(bn.bias)
-        frozen.running_mean.copy_(bn.running_mean)
-        frozen.running_var.copy_(bn.running_var)
+        for name, tensor in mine.items():
+            getattr(frozen, name).copy_(tensor)
     _ORIGINALS[frozen] = bn
     return frozen
 
@@ -98,26 +105,27 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
     """The BatchNorm2d ``frozen`` replaced, holding ``frozen``'s current values (a checkpoint
     may have been loaded meanwhile), on its device and dtype; a new one with ``frozen``'s
     eps when the original is unknown (the model was copied while frozen)."""
-    ref = frozen.running_mean
+    theirs = _tensors(frozen)
+    ref = theirs["running_mean"]
     bn = _ORIGINALS.get(frozen)
     if bn is None:
         bn = nn.BatchNorm2d(ref.numel(), eps=frozen.eps, device=ref.device, dtype=ref.dtype)
-    elif bn.running_mean.device != ref.device or bn.running_mean.dtype != ref.dtype:
-        device, dtype = bn.running_mean.device, bn.running_mean.dtype
+    mine = _tensors(bn)
+    old = mine["running_mean"]
+    if old.device != ref.device or old.dtype != ref.dtype:
+        device, dtype = old.device, old.dtype
         bn.to(device=ref.device, dtype=ref.dtype)
         tx.add(lambda: bn.to(device=device, dtype=dtype))
-    pairs = [(bn.running_mean, frozen.running_mean), (bn.running_var, frozen.running_var)]
-    if bn.affine:
-        pairs += [(bn.weight, frozen.weight), (bn.bias, frozen.bias)]
-    saved = [(mine, mine.detach().clone()) for mine, _ in pairs]
+        mine = _tensors(bn)
+    saved = [(tensor, tensor.detach().clone()) for tensor in mine.values()]
     with torch.no_grad():
-        for mine, theirs in pairs:
-            mine.copy_(theirs)
+        for name, tensor in mine.items():
+            tensor.copy_(theirs[name])
 
     def restore() -> None:
         with torch.no_grad():
-            for mine, old in saved:
-                mine.copy_(old)
+            for tensor, value in saved:
+                tensor.copy_(value)
 
     tx.add(restore)
     tx.set_attr(bn, "training", training)

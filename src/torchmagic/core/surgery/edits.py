@@ -44,7 +44,12 @@ def _drop_grads(params: Sequence[nn.Parameter], tx: Transaction) -> None:
     held = [(p, p.grad) for p in params if p.grad is not None]
     for p, _ in held:
         p.grad = None
-    tx.add(lambda: [setattr(p, "grad", g) for p, g in held])
+
+    def restore() -> None:
+        for p, grad in held:
+            p.grad = grad
+
+    tx.add(restore)
     tx.on_commit(held.clear)
 
 
@@ -185,8 +190,7 @@ def unfreeze(
         notes.append("no optimizer holds this model's parameters: only requires_grad changed")
     else:
         schedulers = target.schedulers
-        head = head_group(target, exclude=all_params)
-        head = 0 if head is None else head
+        head = head_group(target, exclude=all_params) or 0
 
         def base_of(index: int) -> float:
             return scheduler_sync.base_lr(opt, schedulers, index)
@@ -288,8 +292,7 @@ def replace_head(
     opt = target.optimizer
     if opt is not None:
         joining, homeless = _head_groups(opt, [m for _, m in located], new_modules)
-        head = head_group(target, exclude=old_params)
-        head = 0 if head is None else head
+        head = head_group(target, exclude=old_params) or 0
         if homeless:
             scheduler_sync.check_followable(target.schedulers, opt, [head])
         scheduler_sync.snapshot(target.schedulers, opt, tx)

@@ -22,7 +22,9 @@ from ..modules import parameter_names
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
-SCHEDULE_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+SCHEDULE_KEYS = frozenset(
+    {"initial_lr", "max_lr", "min_lr", "swa_lr", "max_momentum", "base_momentum"}
+)
 # Keys that decide a group's lr (timm's layer-wise ``lr_scale``): a new group at a given
 # base lr does not inherit them.
 _LR_KEYS = frozenset({"lr", "lr_scale"})
@@ -232,7 +234,7 @@ class OptimizerEditor:
         for p in params:
             if p not in state:  # `state` is a defaultdict: never index it blindly
                 continue
-            kept = {}
+            kept: dict[str, tuple[object, torch.device | None]] = {}
             group = self.optimizer.param_groups[where[id(p)]] if id(p) in where else {}
             for key, value in state.pop(p).items():
                 if not isinstance(value, torch.Tensor):

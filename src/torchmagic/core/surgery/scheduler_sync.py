@@ -47,7 +47,7 @@ _PER_GROUP_LISTS = (
 )
 # timm list attributes that are not per group (milestones, noise window).
 _NOT_PER_GROUP = ("decay_t", "noise_range_t")
-_SCALED_KEYS = ("initial_lr", "max_lr", "min_lr")
+_SCALED_KEYS = ("initial_lr", "max_lr", "min_lr", "swa_lr")  # swa_lr: torch's SWALR
 _SHARED_KEYS = ("max_momentum", "base_momentum")
 
 
