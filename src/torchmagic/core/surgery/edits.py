@@ -141,6 +141,47 @@ def _part_names(
     return names
 
 
+def _plan(
+    target: BoundModel,
+    opt: torch.optim.Optimizer,
+    blocks: Sequence[tuple[Block, float | None, list[nn.Parameter]]],
+    explicit: bool,
+    lr_ratio: float,
+) -> tuple[list[tuple[int, list[nn.Parameter]]], list[_NewGroup]]:
+    """Where an unfreeze puts each block's parameters: back into home groups (no lr given),
+    and the new groups it makes (base lr, hyper-parameters, the schedule they follow)."""
+    schedulers = target.schedulers
+    head = head_group(target, exclude=[p for _, _, ps in blocks for p in ps]) or 0
+
+    def base_of(index: int) -> float:
+        return scheduler_sync.base_lr(opt, schedulers, index)
+
+    where = group_index(opt)
+    homecoming: list[tuple[int, list[nn.Parameter]]] = []
+    new_groups: list[_NewGroup] = []
+    for block, lr, params in blocks:
+        parts = _by_home(params, opt) if params else []
+        if not explicit:
+            homecoming += [
+                (home, away)
+                for home, ps in parts
+                if home is not None and (away := [p for p in ps if where.get(id(p)) != home])
+            ]
+            parts = [(home, ps) for home, ps in parts if home is None]
+        names = _part_names(_group_name(block, target.model_name), parts, opt) if parts else []
+        for name, (home, ps) in zip(names, parts, strict=True):
+            follows = home if home is not None and base_of(home) > 0 else head
+            if lr is not None:
+                base = lr
+            elif home is not None:
+                base = base_of(home)
+            else:
+                base = lr_ratio * base_of(head)
+            template = opt.defaults if home is None else opt.param_groups[home]
+            new_groups.append(_NewGroup(name, ps, template, base, follows))
+    return homecoming, new_groups
+
+
 def unfreeze(
     target: BoundModel,
     selection: Selection,
@@ -190,36 +231,8 @@ def unfreeze(
         notes.append("no optimizer holds this model's parameters: only requires_grad changed")
     else:
         schedulers = target.schedulers
-        head = head_group(target, exclude=all_params) or 0
-
-        def base_of(index: int) -> float:
-            return scheduler_sync.base_lr(opt, schedulers, index)
-
-        where = group_index(opt)
-        homecoming: list[tuple[int, list[nn.Parameter]]] = []
-        new_groups: list[_NewGroup] = []
-        for block, lr, params in zip(blocks, lrs, per_block, strict=True):
-            if not params:
-                continue
-            parts = _by_home(params, opt)
-            if not explicit:
-                homecoming += [
-                    (home, away)
-                    for home, ps in parts
-                    if home is not None and (away := [p for p in ps if where.get(id(p)) != home])
-                ]
-                parts = [(home, ps) for home, ps in parts if home is None]
-            names = _part_names(_group_name(block, target.model_name), parts, opt) if parts else []
-            for name, (home, ps) in zip(names, parts, strict=True):
-                follows = home if home is not None and base_of(home) > 0 else head
-                if lr is not None:
-                    base = lr
-                elif home is not None:
-                    base = base_of(home)
-                else:
-                    base = lr_ratio * base_of(head)
-                template = opt.defaults if home is None else opt.param_groups[home]
-                new_groups.append(_NewGroup(name, ps, template, base, follows))
+        planned = list(zip(blocks, lrs, per_block, strict=True))
+        homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
         if new_groups:
             scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
         scheduler_sync.snapshot(schedulers, opt, tx)
