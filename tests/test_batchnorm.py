@@ -70,3 +70,42 @@ def test_unfreeze_turns_frozen_bn_back_into_trainable_bn(trained):
     assert type(bn) is torch.nn.BatchNorm2d and bn.weight.requires_grad
     group = next(g for g in opt.param_groups if g.get("name") == "layer2")
     assert any(p is bn.weight for p in group["params"])
+
+
+def test_frozen_then_unfreeze_restores_the_original_batchnorm_settings():
+    import torchvision
+
+    model = torchvision.models.mobilenet_v3_small(weights=None, num_classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bn = model.features[1].block[0][1]
+    assert (bn.momentum, bn.eps) == (0.01, 0.001)
+    tm = Session(model, opt)
+    tm.freeze("features.1", bn="frozen")
+    frozen = model.features[1].block[0][1]
+    assert isinstance(frozen, FrozenBatchNorm2d)
+    with torch.no_grad():
+        frozen.running_mean.fill_(0.5)  # e.g. a checkpoint loaded while frozen
+    tm.unfreeze("features.1")
+    back = model.features[1].block[0][1]
+    assert type(back) is torch.nn.BatchNorm2d and back.momentum == 0.01 and back.eps == 0.001
+    assert back.affine and back.track_running_stats and back.weight.requires_grad
+    assert torch.equal(back.running_mean, torch.full_like(back.running_mean, 0.5))
+    assert any(p is back.weight for p in opt.param_groups[0]["params"])  # its home group
+
+
+def test_frozen_then_unfreeze_keeps_affine_false_and_cumulative_momentum():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, affine=False, momentum=None)
+    )
+    no_stats = torch.nn.BatchNorm2d(4, track_running_stats=False)
+    model.append(no_stats)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm = Session(model, opt)
+    change = tm.freeze(bn="frozen")
+    assert isinstance(model[1], FrozenBatchNorm2d)
+    assert model[2] is no_stats  # no running statistics to freeze: held in eval instead
+    assert change.effect.bn_modes == {"frozen": 1, "held": 1}
+    tm.unfreeze()
+    bn = model[1]
+    assert type(bn) is torch.nn.BatchNorm2d and not bn.affine and bn.momentum is None
+    assert bn.weight is None and model[2] is no_stats and not no_stats.track_running_stats

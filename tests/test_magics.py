@@ -121,6 +121,8 @@ def test_config_magic_sets_bn_policy(ip):
     run(ip, '%config TorchMagics.bn_policy = "train"')
     run(ip, "%freeze layer1")
     assert not ip.user_ns["model"].layer1[0].bn1._forward_pre_hooks
+    # an optimizer that never held layer1: the ratio gives its lr (else it would go home)
+    run(ip, "optimizer = torch.optim.AdamW(p for p in model.parameters() if p.requires_grad)")
     run(ip, "%config TorchMagics.unfreeze_lr_ratio = 0.5")
     run(ip, "%unfreeze layer1")
     group = next(g for g in ip.user_ns["optimizer"].param_groups if g.get("name") == "layer1")

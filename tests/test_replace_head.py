@@ -15,27 +15,31 @@ def test_new_head_lands_on_old_device_and_dtype():
     assert head.weight.dtype == torch.float64 and head.weight.device.type == "cpu"
 
 
-def test_old_head_leaves_optimizer_new_head_gets_a_group(trained):
+def test_old_head_leaves_optimizer_new_head_joins_its_group(trained):
     model, opt = trained
     old = model.fc
     change = Session(model, opt).replace_head("fc", 10)
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
     assert not ids & {id(p) for p in old.parameters()}
-    fc_group = next(g for g in opt.param_groups if g.get("name") == "fc")
-    assert [id(p) for p in fc_group["params"]] == [id(p) for p in model.fc.parameters()]
-    assert fc_group["lr"] == opt.param_groups[0]["lr"]
+    assert len(opt.param_groups) == 1  # the old head's group: no new group
+    assert [id(p) for p in opt.param_groups[0]["params"][-2:]] == [
+        id(p) for p in model.fc.parameters()
+    ]
     assert all(old.weight is not p for p in opt.state)  # old state set aside
     assert change.effect.modules == ("fc",)
 
 
 def test_second_replace_reuses_the_head_group(trained):
     model, opt = trained
+    opt.param_groups[0]["params"] = [p for p in opt.param_groups[0]["params"] if p.ndim > 1]
+    opt.add_param_group({"params": [model.fc.bias], "weight_decay": 0.0, "name": "head bias"})
     tm = Session(model, opt)
     tm.replace_head("fc", 10)
     n = len(opt.param_groups)
     tm.replace_head("auto", 4)
     assert len(opt.param_groups) == n and model.fc.out_features == 4
-    assert [id(p) for p in opt.param_groups[-1]["params"]] == [id(p) for p in model.fc.parameters()]
+    assert opt.param_groups[-1]["params"] == [model.fc.bias]  # bias to the old bias's group
+    assert opt.param_groups[0]["params"][-1] is model.fc.weight
 
 
 def test_dropout_and_conv_head():

@@ -28,7 +28,12 @@ def build():
             fc=nn.Linear(4, 3),
         )
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    # decay / no-decay groups, as timm's and Hugging Face's factories build them
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
+    opt = torch.optim.AdamW(
+        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-2, weight_decay=0.01
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     model(torch.randn(2, 3, 8, 8)).sum().backward()
     opt.step()

@@ -43,12 +43,33 @@ def test_discriminative_spread_in_module_order(trained):
     assert all(p.requires_grad for p in model.layer2.parameters())
 
 
-def test_default_lr_is_ratio_of_head_group(trained):
+def test_without_lr_parameters_return_to_their_home_group(trained):
     model, opt = trained
     tm = Session(model, opt, config=SessionConfig(unfreeze_lr_ratio=0.25))
     tm.freeze("layer3")
     tm.unfreeze("layer3")
-    assert group(opt, "layer3")["lr"] == pytest.approx(0.25 * 1e-3)
+    assert len(opt.param_groups) == 1  # back home: no new group, the group's own lr
+    home = {id(p) for p in opt.param_groups[0]["params"]}
+    assert {id(p) for p in model.layer3.parameters()} <= home
+    assert opt.param_groups[0]["lr"] == 1e-3
+
+
+def test_default_lr_for_parameters_never_in_a_group_is_ratio_of_head_base(resnet):
+    for p in resnet.parameters():
+        p.requires_grad_(False)
+    resnet.fc.requires_grad_(True)
+    opt = torch.optim.SGD(
+        [{"params": resnet.fc.parameters(), "weight_decay": 0.0}],
+        lr=0.2,
+        momentum=0.9,
+        weight_decay=5e-4,
+    )
+    Session(resnet, opt, config=SessionConfig(unfreeze_lr_ratio=0.25)).unfreeze("layer3")
+    g = group(opt, "layer3")
+    assert g["lr"] == pytest.approx(0.25 * 0.2)
+    # never in any group: the optimizer's defaults, not the head group's weight decay
+    assert g["weight_decay"] == 5e-4 and g["momentum"] == 0.9
+    assert [id(p) for p in g["params"]] == [id(p) for p in resnet.layer3.parameters()]
 
 
 def test_weight_decay_override(trained):
@@ -94,5 +115,6 @@ def test_without_optimizer_only_flags(resnet):
     change = tm.unfreeze("layer1")
     assert all(p.requires_grad for p in resnet.layer1.parameters())
     assert change.optimizer_name is None
-    with pytest.raises(TorchMagicError, match="need an optimizer"):
+    with pytest.raises(TorchMagicError, match="need an optimizer") as refused:
         tm.unfreeze("layer1", lr=1e-4)
+    assert refused.value.param == "lr"

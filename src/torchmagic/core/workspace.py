@@ -7,6 +7,7 @@ stale object is never edited.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Container, Iterator, MutableMapping, Sequence
 
 import torch
@@ -152,14 +153,30 @@ class Workspace:
         return None, None
 
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
-        """Schedulers driving ``optimizer``: bound to variables, or inside lists, tuples
-        and dicts bound to variables, with the children of Sequential/Chained ones."""
+        """Schedulers driving ``optimizer`` (torch's and timm's, with the children of
+        Sequential/Chained ones), and objects that look like schedulers of it: bound to
+        variables, inside lists, tuples and dicts bound to variables, or attributes of
+        objects bound to variables (``trainer.scheduler``)."""
         found: list[object] = []
         for _, value in self.items():
-            if isinstance(value, (list, tuple)):
-                found.extend(value)
-            elif isinstance(value, dict):
-                found.extend(value.values())
-            else:
-                found.append(value)
+            found.extend(_scheduler_candidates(value))
         return scheduler_sync.bound_to(found, optimizer)
+
+
+# Never searched for schedulers among their attributes: models, tensors, imported modules.
+_OPAQUE = (nn.Module, torch.Tensor, torch.optim.Optimizer, type, types.ModuleType)
+
+
+def _scheduler_candidates(value: object) -> list:
+    """``value``, the members of a list / tuple / dict, or the attributes of an object."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, _OPAQUE) or scheduler_sync.is_scheduler(value):
+        return [value]
+    try:
+        attributes = list(vars(value).values())
+    except TypeError:  # no __dict__
+        attributes = []
+    return [value, *attributes]

@@ -254,6 +254,17 @@ def _schedulers(ws: Workspace, optimizers: list) -> Iterator[Finding]:
                     f"recreate the scheduler over {opt_name}; tm.unfreeze / tm.replace_head "
                     "keep it in step from then on",
                 )
+            reason = scheduler_sync.unfollowable(s, opt)
+            if reason:
+                yield Finding(
+                    "scheduler",
+                    "warning",
+                    f"{kind} on {opt_name}",
+                    f"{kind} holds {opt_name} but {reason}: %unfreeze with lr= and "
+                    "%replace_head refuse to add a param group while it is bound",
+                    "%unfreeze without lr= (parameters return to their home groups), or "
+                    f"recreate the {kind} after the surgery",
+                )
     everything = scheduler_sync.flatten(
         v
         for _, value in ws.items()

@@ -3,11 +3,13 @@
 ``eval`` (default, Keras): the layer runs in inference mode and its running statistics
 stop moving, also after ``model.train()`` — a forward pre-hook puts it back in eval
 before every call. ``train`` (fastai): left alone. ``frozen`` (timm): BatchNorm2d is
-swapped for torchvision's FrozenBatchNorm2d (other BatchNorm kinds fall back to ``eval``).
+swapped for torchvision's FrozenBatchNorm2d (other BatchNorm kinds, and layers without
+running statistics, fall back to ``eval``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 import torch
@@ -69,28 +71,59 @@ def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
     tx.add(lambda: setattr(parent, attr, old))
 
 
+# The BatchNorm2d each FrozenBatchNorm2d stands in for, so unfreezing puts the very same
+# module (momentum, eps, affine, its parameters' home groups) back.
+_ORIGINALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+_COPIED = ("running_mean", "running_var", "weight", "bias")
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """What a FrozenBatchNorm2d holds of a BatchNorm2d: its statistics, and its affine
+    parameters when it has them."""
+    return {n: t for n in _COPIED if isinstance(t := getattr(module, n, None), torch.Tensor)}
+
+
 def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
-    ref = bn.running_mean if bn.running_mean is not None else bn.weight
+    mine = _tensors(bn)
+    ref = mine["running_mean"]
     frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps).to(device=ref.device, dtype=ref.dtype)
     with torch.no_grad():
-        if bn.affine:
-            frozen.weight.copy_(bn.weight)
-            frozen.bias.copy_(bn.bias)
-        if bn.running_mean is not None:
-            frozen.running_mean.copy_(bn.running_mean)
-            frozen.running_var.copy_(bn.running_var)
+        for name, tensor in mine.items():
+            getattr(frozen, name).copy_(tensor)
+    _ORIGINALS[frozen] = bn
     return frozen
 
 
-def _trainable_copy(frozen: FrozenBatchNorm2d, training: bool) -> nn.BatchNorm2d:
-    ref = frozen.weight
-    bn = nn.BatchNorm2d(ref.numel(), eps=frozen.eps, device=ref.device, dtype=ref.dtype)
+def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.BatchNorm2d:
+    """The BatchNorm2d ``frozen`` replaced, holding ``frozen``'s current values (a checkpoint
+    may have been loaded meanwhile), on its device and dtype; a new one with ``frozen``'s
+    eps when the original is unknown (the model was copied while frozen)."""
+    theirs = _tensors(frozen)
+    ref = theirs["running_mean"]
+    bn = _ORIGINALS.get(frozen)
+    if bn is None:
+        bn = nn.BatchNorm2d(ref.numel(), eps=frozen.eps, device=ref.device, dtype=ref.dtype)
+    mine = _tensors(bn)
+    old = mine["running_mean"]
+    if old.device != ref.device or old.dtype != ref.dtype:
+        device, dtype = old.device, old.dtype
+        bn.to(device=ref.device, dtype=ref.dtype)
+        tx.add(lambda: bn.to(device=device, dtype=dtype))
+        mine = _tensors(bn)
+    saved = [(tensor, tensor.detach().clone()) for tensor in mine.values()]
     with torch.no_grad():
-        bn.weight.copy_(frozen.weight)
-        bn.bias.copy_(frozen.bias)
-        bn.running_mean.copy_(frozen.running_mean)
-        bn.running_var.copy_(frozen.running_var)
-    bn.train(training)
+        for name, tensor in mine.items():
+            tensor.copy_(theirs[name])
+
+    def restore() -> None:
+        with torch.no_grad():
+            for tensor, value in saved:
+                tensor.copy_(value)
+
+    tx.add(restore)
+    tx.set_attr(bn, "training", training)
     return bn
 
 
@@ -113,7 +146,7 @@ def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
         if policy == "train":
             if is_held(bn):
                 _release(bn, selection.model.training, tx)
-        elif policy == "frozen" and type(bn) is nn.BatchNorm2d:
+        elif policy == "frozen" and type(bn) is nn.BatchNorm2d and bn.track_running_stats:
             bn = _frozen_copy(bn)
             _swap(selection.model, name, bn, tx)
         elif isinstance(bn, _BatchNorm):
@@ -126,7 +159,8 @@ def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module]
     """Undo any policy on the BatchNorm layers of blocks being unfrozen.
 
     Held layers follow the model's train/eval mode again; FrozenBatchNorm2d layers become
-    trainable BatchNorm2d with the same statistics. Returns the swapped modules by old
+    the BatchNorm2d they replaced (same momentum, eps, affine), with their statistics.
+    Returns the swapped modules by old
     ``id`` and the modes the layers are in afterwards.
     """
     training = selection.model.training
@@ -134,7 +168,7 @@ def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module]
     modes: Counter = Counter()
     for name, bn in _named_batchnorms(selection):
         if isinstance(bn, FrozenBatchNorm2d):
-            new = _trainable_copy(bn, training)
+            new = _restored(bn, training, tx)
             _swap(selection.model, name, new, tx)
             swapped[id(bn)] = bn = new
         elif is_held(bn):

@@ -14,8 +14,8 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm, parent_of, unique_parameters
-from . import batchnorm, heads, scheduler_sync
-from .optimizer_sync import OptimizerEditor, group_index
+from . import batchnorm, heads, optimizer_sync, scheduler_sync
+from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Effect
 from .selection import Block, Selection
 from .transaction import Transaction
@@ -44,7 +44,12 @@ def _drop_grads(params: Sequence[nn.Parameter], tx: Transaction) -> None:
     held = [(p, p.grad) for p in params if p.grad is not None]
     for p, _ in held:
         p.grad = None
-    tx.add(lambda: [setattr(p, "grad", g) for p, g in held])
+
+    def restore() -> None:
+        for p, grad in held:
+            p.grad = grad
+
+    tx.add(restore)
     tx.on_commit(held.clear)
 
 
@@ -83,6 +88,100 @@ def _group_name(block: Block, model_name: str) -> str:
     return block.name or model_name
 
 
+@dataclass
+class _NewGroup:
+    """A param group an unfreeze makes: its members, the hyper-parameters it copies
+    (``template``), its base lr and the group whose schedule it follows."""
+
+    name: str
+    params: list[nn.Parameter]
+    template: dict
+    base: float
+    ref: int
+
+
+def _by_home(
+    params: Sequence[nn.Parameter], opt: torch.optim.Optimizer
+) -> list[tuple[int | None, list[nn.Parameter]]]:
+    """``params`` split by home group index (None: never in any group), in first-seen order."""
+    book = optimizer_sync.homes(opt)
+    parts: dict[int | None, list[nn.Parameter]] = {}
+    for p in params:
+        parts.setdefault(book.index(opt, p), []).append(p)
+    return list(parts.items())
+
+
+def _part_names(
+    block_name: str, parts: list[tuple[int | None, list[nn.Parameter]]], opt: torch.optim.Optimizer
+) -> list[str]:
+    """One group name per home group of a block: the block's name for the part holding
+    most of its weights, ``block · no_decay`` (or ``· decay``, or the home group's name)
+    for the others."""
+
+    def settings(home: int | None) -> dict:
+        return opt.defaults if home is None else opt.param_groups[home]
+
+    main = max(range(len(parts)), key=lambda i: _numel(parts[i][1]))
+    main_decay = settings(parts[main][0]).get("weight_decay")
+    names: list[str] = []
+    for i, (home, _) in enumerate(parts):
+        label = "defaults" if home is None else group_label(opt.param_groups[home], home)
+        decay = settings(home).get("weight_decay")
+        if i == main:
+            names.append(block_name)
+            continue
+        if not decay and main_decay:
+            tag = "no_decay"
+        elif decay and not main_decay:
+            tag = "decay"
+        else:
+            tag = label
+        name = f"{block_name} · {tag}"
+        names.append(name if name not in names else f"{name} {label}")
+    return names
+
+
+def _plan(
+    target: BoundModel,
+    opt: torch.optim.Optimizer,
+    blocks: Sequence[tuple[Block, float | None, list[nn.Parameter]]],
+    explicit: bool,
+    lr_ratio: float,
+) -> tuple[list[tuple[int, list[nn.Parameter]]], list[_NewGroup]]:
+    """Where an unfreeze puts each block's parameters: back into home groups (no lr given),
+    and the new groups it makes (base lr, hyper-parameters, the schedule they follow)."""
+    schedulers = target.schedulers
+    head = head_group(target, exclude=[p for _, _, ps in blocks for p in ps]) or 0
+
+    def base_of(index: int) -> float:
+        return scheduler_sync.base_lr(opt, schedulers, index)
+
+    where = group_index(opt)
+    homecoming: list[tuple[int, list[nn.Parameter]]] = []
+    new_groups: list[_NewGroup] = []
+    for block, lr, params in blocks:
+        parts = _by_home(params, opt) if params else []
+        if not explicit:
+            homecoming += [
+                (home, away)
+                for home, ps in parts
+                if home is not None and (away := [p for p in ps if where.get(id(p)) != home])
+            ]
+            parts = [(home, ps) for home, ps in parts if home is None]
+        names = _part_names(_group_name(block, target.model_name), parts, opt) if parts else []
+        for name, (home, ps) in zip(names, parts, strict=True):
+            follows = home if home is not None and base_of(home) > 0 else head
+            if lr is not None:
+                base = lr
+            elif home is not None:
+                base = base_of(home)
+            else:
+                base = lr_ratio * base_of(head)
+            template = opt.defaults if home is None else opt.param_groups[home]
+            new_groups.append(_NewGroup(name, ps, template, base, follows))
+    return homecoming, new_groups
+
+
 def unfreeze(
     target: BoundModel,
     selection: Selection,
@@ -91,55 +190,90 @@ def unfreeze(
     lr_ratio: float,
     tx: Transaction,
 ) -> Effect:
+    """Train the selection again.
+
+    Without ``lr``/``weight_decay`` parameters return to their home groups. Otherwise each
+    block gets one group per home group of its parameters, at base lr ``lr`` (default: the
+    home group's base), with the home group's other hyper-parameters. Parameters never in
+    any group take the optimizer's defaults, at ``lr_ratio`` × the head group's base lr
+    when no lr is given. New groups follow the schedule of their home group (else the
+    head group's).
+    """
     opt = target.optimizer
     explicit = any(lr is not None for lr in lrs) or weight_decay is not None
     if opt is None and explicit:
         raise TorchMagicError(
-            f"lr=/wd= need an optimizer, and none holds parameters of '{target.model_name}'; "
-            "create one (e.g. optimizer = torch.optim.AdamW(model.parameters())) or pass --opt"
+            f"lr and weight_decay need an optimizer, and none holds parameters of "
+            f"'{target.model_name}'; create one (e.g. optimizer = "
+            "torch.optim.AdamW(model.parameters())) or name it with optimizer=",
+            param="lr" if any(lr is not None for lr in lrs) else "wd",
         )
-    ref = None
-    if opt is not None:
-        ref = head_group(target, exclude=selection.parameters())
-        ref = 0 if ref is None else ref
-        if weight_decay is not None and "weight_decay" not in opt.param_groups[ref]:
-            raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set")
-        scheduler_sync.check_followable(target.schedulers, opt, ref)
-        scheduler_sync.snapshot(target.schedulers, opt, tx)
+    if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
+        raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     swapped, modes = batchnorm.release(selection, tx)
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
     ]
     all_params: list[nn.Parameter] = []
-    notes: list[str] = []
+    per_block: list[list[nn.Parameter]] = []
     seen: set[int] = set()
-    if opt is not None:
-        editor = OptimizerEditor(opt, tx, target.model)
-        template = opt.param_groups[ref]
-        ref_lr = float(template["lr"])
-        for block, lr in zip(blocks, lrs, strict=True):
-            params = [p for p in block.parameters() if id(p) not in seen]
-            seen.update(id(p) for p in params)
-            all_params.extend(params)
-            if not params:
-                continue
-            index = editor.add_group(
-                params,
-                name=_group_name(block, target.model_name),
-                lr=lr if lr is not None else lr_ratio * ref_lr,
-                template=template,
-                weight_decay=weight_decay,
-            )
-            scheduler_sync.follow(target.schedulers, opt, index, ref)
-    else:
-        all_params = Selection(selection.model, tuple(blocks)).parameters()
-        notes.append("no optimizer holds this model's parameters: only requires_grad changed")
+    for block in blocks:
+        params = [p for p in block.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        all_params.extend(params)
+        per_block.append(params)
     if not all_params:
         raise TorchMagicError(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
+    notes: list[str] = []
+    if opt is None:
+        notes.append("no optimizer holds this model's parameters: only requires_grad changed")
+    else:
+        schedulers = target.schedulers
+        planned = list(zip(blocks, lrs, per_block, strict=True))
+        homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
+        if new_groups:
+            scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
+        scheduler_sync.snapshot(schedulers, opt, tx)
+        editor = OptimizerEditor(opt, tx, target.model)
+        for home, ps in homecoming:
+            editor.join(home, ps)
+        for new in new_groups:
+            index = editor.add_group(
+                new.params,
+                name=new.name,
+                lr=new.base,
+                template=new.template,
+                weight_decay=weight_decay,
+            )
+            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
     _set_requires_grad(all_params, True, tx)
     return Effect(selection.names, _numel(all_params), 0, dict(modes), tuple(notes))
+
+
+def _head_groups(
+    opt: torch.optim.Optimizer, old: Sequence[nn.Module], new: Sequence[nn.Module]
+) -> tuple[dict[int, list[nn.Parameter]], list[nn.Parameter]]:
+    """Where each new head parameter goes: the group of the old head's parameter of the same
+    role (weight to weight's, bias to bias's), or, for a frozen old head, its home group.
+    Returns those groups' new members, and the parameters with no such group."""
+    where = group_index(opt)
+    book = optimizer_sync.homes(opt)
+    joining: dict[int, list[nn.Parameter]] = {}
+    homeless: list[nn.Parameter] = []
+    for old_module, new_module in zip(old, new, strict=True):
+        by_role = {name.rpartition(".")[2]: p for name, p in old_module.named_parameters()}
+        for name, p in new_module.named_parameters():
+            twin = by_role.get(name.rpartition(".")[2], by_role.get("weight"))
+            index = None
+            if twin is not None:
+                index = where.get(id(twin), book.index(opt, twin))
+            if index is None:
+                homeless.append(p)
+            else:
+                joining.setdefault(index, []).append(p)
+    return joining, homeless
 
 
 def replace_head(
@@ -152,9 +286,11 @@ def replace_head(
 ) -> Effect:
     """Replace the head found in ``root`` (at ``root_name`` inside the model)."""
     if num_classes < 1:
-        raise TorchMagicError(f"the number of classes must be at least 1, got {num_classes}")
+        raise TorchMagicError(
+            f"the number of classes must be at least 1, got {num_classes}", param="num_classes"
+        )
     if dropout is not None and not 0 <= dropout < 1:
-        raise TorchMagicError(f"--dropout must be in [0, 1), got {dropout}")
+        raise TorchMagicError(f"dropout must be in [0, 1), got {dropout}", param="dropout")
     whole = root is target.model
     found = [heads.find_head(root, named=not whole)]
     if whole and not isinstance(root, heads.HEAD_TYPES):
@@ -165,32 +301,27 @@ def replace_head(
         raise TorchMagicError("the model itself is a single layer: there is no head to swap in it")
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
     old_params = unique_parameters([m for _, m in located])
+    new_params = unique_parameters(new_modules)
     opt = target.optimizer
-    ref = None
     if opt is not None:
-        where = group_index(opt)
-        held = [where[id(p)] for p in old_params if id(p) in where]
-        ref = held[0] if held else None
-        scheduler_sync.check_followable(target.schedulers, opt, 0 if ref is None else ref)
+        joining, homeless = _head_groups(opt, [m for _, m in located], new_modules)
+        head = head_group(target, exclude=old_params) or 0
+        if homeless:
+            scheduler_sync.check_followable(target.schedulers, opt, [head])
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
-        only_head = ref is not None and {id(p) for p in opt.param_groups[ref]["params"]} <= {
-            id(p) for p in old_params
-        }
         editor.remove(old_params)
     for (name, _), new in zip(located, new_modules, strict=True):
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
-    new_params = unique_parameters(new_modules)
     notes = []
     if opt is not None:
-        if only_head:
-            editor.set_params(ref, new_params)
-        else:
-            source = opt.param_groups[0 if ref is None else ref]
-            lr = float(source["lr"]) if ref is not None else float(opt.defaults["lr"])
-            index = editor.add_group(new_params, name=located[0][0], lr=lr, template=source)
-            scheduler_sync.follow(target.schedulers, opt, index, 0 if ref is None else ref)
+        for index, params in joining.items():
+            editor.join(index, params)
+        if homeless:
+            base = float(opt.defaults["lr"])
+            index = editor.add_group(homeless, name=located[0][0], lr=base, template=opt.defaults)
+            scheduler_sync.follow(target.schedulers, opt, index, head, base)
     else:
         notes.append("no optimizer holds this model's parameters: create one for the new head")
     old_shape = f"{found[0].in_features}→{found[0].out_features}"

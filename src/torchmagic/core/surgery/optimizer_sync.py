@@ -3,10 +3,16 @@
 Parameters are matched by identity. Groups are never deleted (a group emptied by a freeze
 stays, so every scheduler's per-group lists keep their length); new groups are appended
 with ``add_param_group`` so the optimizer fills in its own defaults.
+
+Every parameter has a *home group*: the group it was in when a command first saw the
+optimizer, or when it was last frozen. Unfreezing without an lr sends it back there; a new
+group made for it takes its home group's hyper-parameters (weight decay, betas, …), so
+the user's own groups (decay / no-decay, backbone / head) survive surgery.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -15,9 +21,88 @@ from torch import nn
 from ..modules import parameter_names
 from .transaction import Transaction
 
-# Group keys owned by LR schedulers: set by schedulers.py for new groups, never copied.
-SCHEDULE_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+# Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
+SCHEDULE_KEYS = frozenset(
+    {"initial_lr", "max_lr", "min_lr", "swa_lr", "max_momentum", "base_momentum"}
+)
+# Keys that decide a group's lr (timm's layer-wise ``lr_scale``): a new group at a given
+# base lr does not inherit them.
+_LR_KEYS = frozenset({"lr", "lr_scale"})
 _IDENTITY_KEYS = frozenset({"params", "param_names", "name"})
+
+
+def hyperparameters(template: dict) -> dict:
+    """What a new group copies from ``template`` (a group, or ``optimizer.defaults``):
+    everything but its members, name, lr and schedule keys (``initial_*`` included)."""
+    return {
+        k: v
+        for k, v in template.items()
+        if k not in SCHEDULE_KEYS
+        and k not in _IDENTITY_KEYS
+        and k not in _LR_KEYS
+        and not k.startswith("initial_")
+    }
+
+
+class Homes:
+    """The home group of each parameter of one optimizer, by identity.
+
+    Parameters are held strongly: a weak reference would stop ``module.to()`` from
+    swapping their tensors (as the undo history does, this keeps a replaced head alive).
+    A home group that is no longer in the optimizer counts as no home.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[int, tuple[nn.Parameter, dict]] = {}
+
+    def _home(self, p: nn.Parameter) -> dict | None:
+        entry = self._groups.get(id(p))
+        return entry[1] if entry is not None else None
+
+    def observe(self, optimizer: torch.optim.Optimizer) -> None:
+        """Parameters seen for the first time (or whose home left the optimizer) get the
+        group they are in as their home."""
+        live = {id(g) for g in optimizer.param_groups}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                home = self._home(p)
+                if home is None or id(home) not in live:
+                    self._groups[id(p)] = (p, group)
+
+    def index(self, optimizer: torch.optim.Optimizer, p: nn.Parameter) -> int | None:
+        """Where ``p``'s home group is in ``optimizer.param_groups``; None without one."""
+        home = self._home(p)
+        for i, group in enumerate(optimizer.param_groups):
+            if group is home:
+                return i
+        return None
+
+    def settle(self, params: Sequence[nn.Parameter], group: dict, tx: Transaction) -> None:
+        """Make ``group`` the home of ``params``; undone with the command."""
+        old = [(p, self._groups.get(id(p))) for p in params]
+        for p in params:
+            self._groups[id(p)] = (p, group)
+
+        def restore() -> None:
+            for p, entry in old:
+                if entry is None:
+                    self._groups.pop(id(p), None)
+                else:
+                    self._groups[id(p)] = entry
+
+        tx.add(restore)
+
+
+_HOMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def homes(optimizer: torch.optim.Optimizer) -> Homes:
+    """The home groups of ``optimizer``'s parameters, first seen now if never before."""
+    book = _HOMES.get(optimizer)
+    if book is None:
+        book = _HOMES[optimizer] = Homes()
+    book.observe(optimizer)
+    return book
 
 
 def group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
@@ -129,7 +214,8 @@ class OptimizerEditor:
             group["params"] = [group["params"][i] for i in keep]
 
     def remove(self, params: Sequence[nn.Parameter]) -> int:
-        """Take ``params`` out of the optimizer and set their state aside on the host.
+        """Take ``params`` out of the optimizer and set their state aside on the host;
+        the groups they leave become their home groups.
 
         Returns the bytes of state freed from the accelerator (0 on the CPU). The state
         comes back bit for bit when the command is undone: tensors that lived with their
@@ -137,6 +223,10 @@ class OptimizerEditor:
         %device move since), the others (e.g. Adam's host-side ``step``) where they were.
         """
         where = group_index(self.optimizer)
+        book = homes(self.optimizer)
+        for index in sorted({where[id(p)] for p in params if id(p) in where}):
+            group = self.optimizer.param_groups[index]
+            book.settle([p for p in params if where.get(id(p)) == index], group, self._tx)
         self.detach(params)
         state = self.optimizer.state
         stash: list[tuple[nn.Parameter, dict]] = []
@@ -144,7 +234,7 @@ class OptimizerEditor:
         for p in params:
             if p not in state:  # `state` is a defaultdict: never index it blindly
                 continue
-            kept = {}
+            kept: dict[str, tuple[object, torch.device | None]] = {}
             group = self.optimizer.param_groups[where[id(p)]] if id(p) in where else {}
             for key, value in state.pop(p).items():
                 if not isinstance(value, torch.Tensor):
@@ -178,37 +268,36 @@ class OptimizerEditor:
     ) -> int:
         """Put ``params`` in a group called ``name`` at ``lr`` and return its index.
 
-        An existing empty group of that name is reused (freeze/unfreeze cycles do not pile
-        up groups); otherwise a new group copies ``template``'s hyper-parameters.
+        The group takes ``template``'s hyper-parameters (a home group, or the optimizer's
+        ``defaults``). An existing empty group of that name is reused (freeze/unfreeze
+        cycles do not pile up groups).
         """
         self.detach(params)
         groups = self.optimizer.param_groups
+        settings = hyperparameters(template)
+        if weight_decay is not None:
+            settings["weight_decay"] = weight_decay
         for index, group in enumerate(groups):
             if group.get("name") == name and not group["params"]:
-                group["params"] = list(params)
-                if "param_names" in group:
-                    group["param_names"] = self._names_of(params)
-                group["lr"] = lr
-                if weight_decay is not None:
-                    group["weight_decay"] = weight_decay
+                group.update(settings, lr=lr)
+                self.join(index, params)
                 return index
-        new = {
-            k: v for k, v in template.items() if k not in SCHEDULE_KEYS and k not in _IDENTITY_KEYS
-        }
+        new = dict(settings)
         new["params"] = (
             list(zip(self._names_of(params), params, strict=True))
             if self.uses_param_names
             else list(params)
         )
         new.update(lr=lr, name=name)
-        if weight_decay is not None:
-            new["weight_decay"] = weight_decay
         self.optimizer.add_param_group(new)
         return len(groups) - 1
 
-    def set_params(self, index: int, params: Sequence[nn.Parameter]) -> None:
-        """Make group ``index`` hold exactly ``params`` (a replaced head reusing its group)."""
+    def join(self, index: int, params: Sequence[nn.Parameter]) -> None:
+        """Move ``params`` into the existing group ``index`` (after its own members)."""
+        self.detach(params)
         group = self.optimizer.param_groups[index]
-        group["params"] = list(params)
+        held = {id(p) for p in group["params"]}
+        params = [p for p in params if id(p) not in held]
+        group["params"] = [*group["params"], *params]
         if "param_names" in group:
-            group["param_names"] = self._names_of(params)
+            group["param_names"] = [*group["param_names"], *self._names_of(params)]

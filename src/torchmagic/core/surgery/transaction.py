@@ -14,10 +14,11 @@ class Transaction:
     """
 
     def __init__(self) -> None:
-        self._inverses: list[Callable[[], None]] = []
+        self._inverses: list[Callable[[], object]] = []
         self._on_commit: list[Callable[[], None]] = []
 
-    def add(self, inverse: Callable[[], None]) -> None:
+    def add(self, inverse: Callable[[], object]) -> None:
+        """Record ``inverse`` (its return value is ignored)."""
         self._inverses.append(inverse)
 
     def on_commit(self, callback: Callable[[], None]) -> None:
