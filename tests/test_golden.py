@@ -24,7 +24,7 @@ from torch import nn
 
 from torchmagic import Session, render
 from torchmagic.core.devices.device import DeviceInfo, DeviceReport, MoveReport
-from torchmagic.core.devices.estimate import Estimate
+from torchmagic.core.devices.estimate import Estimate, StepPeak
 from torchmagic.core.devices.memory import CellMemory, MemoryReport, ResetReport
 from torchmagic.core.devices.pinbench import PinReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
@@ -327,6 +327,20 @@ def _estimate() -> Estimate:
         1_000_000,
         120_000_000,
         (32, 3, 224, 224),
+        StepPeak(
+            persistent=114_838_000,
+            grads=34_000_000,
+            input=19_267_584,
+            saved_activations=120_000_000,
+            forward_live=150_000_000,
+            backward_saved=90_000_000,
+            backward_grads=34_000_000,
+            activation_grads=60_000_000,
+            optimizer_temporaries=68_000_000,
+            optimizer_impl="foreach",
+            autocast_copies=0,
+            workspace=0,
+        ),
         8_500_000,
         3_189_000,
         38_000_000,
@@ -334,7 +348,9 @@ def _estimate() -> Estimate:
 
 
 def _estimate_unknown() -> Estimate:
-    return Estimate("net", "", 400, 0, 400, None, "unknown optimizer", 0, None, None, 100, 0, None)
+    return Estimate(
+        "net", "", 400, 0, 400, None, "unknown optimizer", 0, None, None, None, 100, 0, None
+    )
 
 
 def _doctor() -> DoctorReport:

@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..core.devices.estimate import Estimate
+from ..core.devices.estimate import Estimate, StepPeak
 from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from . import theme
 from .base import Rendered, human, human_bytes, table
@@ -69,6 +69,32 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
+def _peak_rows(drawn: Table, peak: StepPeak) -> None:
+    """The predicted peak of a whole step: each phase's high-water mark, the highest bold."""
+    dim = theme.style("dim")
+    notes = {
+        "forward": "input and saved activations, with the forward's temporaries",
+        "backward": "saved activations, activation gradients and parameter gradients",
+        "optimizer step": f"gradients and the step's temporaries ({peak.optimizer_impl})",
+    }
+    extra = []
+    if peak.autocast_copies:
+        extra.append(f"autocast copies {human_bytes(peak.autocast_copies)}")
+    if peak.workspace:
+        extra.append(f"workspace {human_bytes(peak.workspace)}")
+    for phase, size in peak.phases.items():
+        bold = "bold" if phase == peak.phase else ""
+        drawn.add_row(
+            Text(f"peak in {phase}", style=bold),
+            Text(human_bytes(size), style=bold),
+            Text(
+                notes[phase]
+                + (f"; {', '.join(extra)}" if extra and phase != "optimizer step" else ""),
+                style=dim,
+            ),
+        )
+
+
 def estimate(est: Estimate, width: int | None = None) -> Rendered:
     opt = f" with {est.optimizer}" if est.optimizer else ""
     drawn = _table(f"estimate for one training step of `{est.model_name}`{opt}")
@@ -97,7 +123,13 @@ def estimate(est: Estimate, width: int | None = None) -> Rendered:
                 style=theme.style("dim"),
             ),
         )
-    drawn.add_row(Text("total", style="bold"), Text(human_bytes(est.total), style="bold"), "")
+    drawn.add_row(
+        Text("persistent", style="bold"),
+        Text(human_bytes(est.persistent), style="bold"),
+        Text("weights, buffers, gradients and state, held between steps", style=theme.style("dim")),
+    )
+    if est.peak is not None:
+        _peak_rows(drawn, est.peak)
     parts: list[RenderableType] = [drawn]
     if est.frozen and est.freeze_saving is not None:
         parts.append(

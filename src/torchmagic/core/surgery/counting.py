@@ -9,9 +9,9 @@ from torch import nn
 from torch.optim import lr_scheduler as torch_schedulers
 
 from ..modules import walk
+from . import scheduler_sync
 from .optimizer_sync import group_label
 from .results import Counts, GroupInfo
-from .scheduler_sync import roots
 
 GroupKey = tuple[int, tuple[int, ...], float, float | None]
 
@@ -54,20 +54,6 @@ def group_keys(optimizer: torch.optim.Optimizer | None) -> dict[int, GroupKey]:
     return {id(g): group_key(g) for g in optimizer.param_groups}
 
 
-def base_lr(group: dict, index: int, schedulers: Sequence[object]) -> float | None:
-    """The lr the schedule scales for this group: ``initial_lr``, or the peak for
-    OneCycleLR (group ``max_lr``) and CyclicLR (``max_lrs``). None without a schedule,
-    and under ReduceLROnPlateau alone, where the lr now is the base."""
-    scheduled = False
-    for s in schedulers:
-        if isinstance(s, torch_schedulers.OneCycleLR):
-            return group.get("max_lr")
-        if isinstance(s, torch_schedulers.CyclicLR):
-            return float(s.max_lrs[index])
-        scheduled = scheduled or not isinstance(s, torch_schedulers.ReduceLROnPlateau)
-    return group.get("initial_lr") if scheduled else None
-
-
 def describe_groups(
     optimizer: torch.optim.Optimizer | None,
     before: dict[int, GroupKey] | None = None,
@@ -78,7 +64,10 @@ def describe_groups(
     ``before`` fingerprints, whether the command added or changed it."""
     if optimizer is None:
         return ()
-    stepped_by = tuple(type(s).__name__ for s in roots(schedulers))
+    stepped = scheduler_sync.roots(schedulers)
+    stepped_by = tuple(type(s).__name__ for s in stepped)
+    # Without a schedule (or under ReduceLROnPlateau alone) the lr now is the base: None.
+    scheduled = any(not isinstance(s, torch_schedulers.ReduceLROnPlateau) for s in stepped)
     infos = []
     for i, g in enumerate(optimizer.param_groups):
         status = ""
@@ -96,7 +85,7 @@ def describe_groups(
                 tensors=len(g["params"]),
                 numel=sum(p.numel() for p in g["params"]),
                 status=status,
-                base_lr=base_lr(g, i, schedulers),
+                base_lr=scheduler_sync.base_lr(optimizer, schedulers, i) if scheduled else None,
                 schedulers=stepped_by,
             )
         )
