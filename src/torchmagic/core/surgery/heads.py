@@ -155,20 +155,42 @@ def _trails(model: nn.Module, name: str) -> bool:
 
 
 def _meta_inputs(model: nn.Module) -> Iterator[torch.Tensor]:
-    """Inputs shaped for the model's first layer with parameters, on the meta device."""
-    first = next((m for m in model.modules() if _has_params(m, recurse=False)), None)
-    if isinstance(first, nn.Embedding):
-        yield torch.zeros(2, 16, dtype=torch.long, device="meta")
-    elif isinstance(first, nn.Linear):
-        yield torch.empty(2, first.in_features, device="meta")
-    elif isinstance(first, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        dims = len(first.kernel_size)
-        for side in META_SIDES:
-            yield torch.empty(2, first.in_channels, *[side] * dims, device="meta")
+    """Inputs on the meta device shaped for the first Embedding, Linear and conv layer (in
+    registration order, which is usually, not always, the order they run in)."""
+    kinds = (nn.Embedding, nn.Linear, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    firsts = {}
+    for module in model.modules():
+        kind = next((k for k in kinds if isinstance(module, k)), None)
+        if kind is not None:
+            firsts.setdefault(kind, module)
+    for first in firsts.values():
+        if isinstance(first, nn.Embedding):
+            yield torch.zeros(2, 16, dtype=torch.long, device="meta")
+        elif isinstance(first, nn.Linear):
+            yield torch.empty(2, first.in_features, device="meta")
+        else:
+            for side in META_SIDES:
+                yield torch.empty(
+                    2, first.in_channels, *[side] * len(first.kernel_size), device="meta"
+                )
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    """Tensors in a forward's result: a tensor, or nested tuples, lists and dicts of them
+    (Hugging Face's ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
 
 
 class _MetaTrace:
-    """When each module starts and finishes in one forward on the meta device.
+    """One forward on the meta device: when each module starts and finishes, and which
+    modules' outputs the model returns as they are.
 
     Parameters and buffers are stood in for by meta tensors (``functional_call``), so the
     model's weights, running statistics and device are untouched.
@@ -178,6 +200,7 @@ class _MetaTrace:
         self.model = model
         self.start: dict[str, int] = {}
         self.end: dict[str, int] = {}
+        self.returned: set[str] = set()
         self.ran = self._run()
 
     def _run(self) -> bool:
@@ -189,6 +212,13 @@ class _MetaTrace:
             )
         }
         step = count()
+        made: dict[str, torch.Tensor] = {}
+
+        def finished(name: str, output: object) -> None:
+            self.end[name] = next(step)
+            if isinstance(output, torch.Tensor):
+                made[name] = output
+
         hooks = []
         for name, module in self.model.named_modules():
             hooks.append(
@@ -196,28 +226,32 @@ class _MetaTrace:
                     lambda m, a, n=name: self.start.__setitem__(n, next(step))
                 )
             )
-            hooks.append(
-                module.register_forward_hook(
-                    lambda m, a, o, n=name: self.end.__setitem__(n, next(step))
-                )
-            )
+            hooks.append(module.register_forward_hook(lambda m, a, o, n=name: finished(n, o)))
         try:
             for x in _meta_inputs(self.model):
                 self.start.clear()
                 self.end.clear()
+                made.clear()
                 try:
                     with torch.no_grad():
-                        torch.func.functional_call(self.model, stand_ins, (x,), strict=False)
-                    return True
+                        result = torch.func.functional_call(
+                            self.model, stand_ins, (x,), strict=False
+                        )
                 except Exception:  # a probe: any failure means "try another shape"
                     continue
+                returned = {id(t) for t in _tensors(result)}
+                self.returned = {n for n, t in made.items() if n and id(t) in returned}
+                return True
             return False
         finally:
             for hook in hooks:
                 hook.remove()
 
     def makes_output(self, name: str) -> bool:
-        """``name`` ran, and no module with parameters of its own started after it finished."""
+        """``name`` ran, and the model returns its output, or no module with parameters of
+        its own started after it finished."""
+        if name in self.returned:
+            return True
         if name not in self.end:
             return False
         finished = self.end[name]
@@ -322,7 +356,7 @@ def find_heads(model: nn.Module, judge: _Judge | None = None) -> list[Head]:
 
 def locate(model: nn.Module, where: str | None) -> list[Head]:
     """The heads to replace: all of ``model``'s (``where`` None), or those at or inside
-    the module named ``where``; a main head brings its distillation heads along."""
+    the module named ``where``; a main or distillation head brings the other along."""
     judge = _Judge(model)
     if where is None:
         return find_heads(model, judge)
@@ -333,15 +367,15 @@ def locate(model: nn.Module, where: str | None) -> list[Head]:
         known = []
     inside = [h for h in known if _within(h.name, where)]
     if inside:
-        main = any(h.role == "main" for h in inside)
-        return [h for h in known if h in inside or (main and h.role == "distillation")]
+        main = any(h.role != "auxiliary" for h in inside)
+        return [h for h in known if h in inside or (main and h.role != "auxiliary")]
     module = model.get_submodule(where)
-    candidate = (
-        Head(where, module) if is_head_layer(module) else _last_head_layer(module, where)
-    )
+    candidate = Head(where, module) if is_head_layer(module) else _last_head_layer(module, where)
     if candidate is not None and declared is None and judge.makes_output(candidate.name):
         return [candidate]
-    if candidate is None:
+    if candidate is None and not module._modules:
+        why = f"it is a {_describe(module)}; a head is a Linear or a 1x1 Conv2d"
+    elif candidate is None:
         why = f"it is a {type(module).__name__} with no Linear or 1x1 Conv2d in it"
     elif candidate.name == where:
         why = f"it is a {_describe(module)} whose output is not the model's output"
