@@ -158,7 +158,7 @@ def replace_head(
             f"the number of classes must be at least 1, got {num_classes}", param="num_classes"
         )
     if dropout is not None and not 0 <= dropout < 1:
-        raise TorchMagicError(f"dropout must be in [0, 1), got {dropout}", param="dropout")
+        raise TorchMagicError(f"--dropout must be in [0, 1), got {dropout}", param="dropout")
     found = heads.locate(target.model, None if root is target.model else root_name)
     model_config.check_labels(target.model, found, num_classes, labels)
     located = [(h.name, h.module) for h in found]

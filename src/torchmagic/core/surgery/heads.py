@@ -354,6 +354,11 @@ def find_heads(model: nn.Module, judge: _Judge | None = None) -> list[Head]:
     )
 
 
+def find_head(model: nn.Module) -> Head:
+    """The model's main head (what a linear probe trains)."""
+    return find_heads(model)[0]
+
+
 def locate(model: nn.Module, where: str | None) -> list[Head]:
     """The heads to replace: all of ``model``'s (``where`` None), or those at or inside
     the module named ``where``; a main or distillation head brings the other along."""
