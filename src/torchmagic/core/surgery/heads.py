@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain, count
+from typing import Any
 
 import torch
 from torch import nn
@@ -138,12 +139,9 @@ def _library_heads(model: nn.Module) -> list[Head] | None:
 
 def _trails(model: nn.Module, name: str) -> bool:
     """Structure alone shows that ``name``'s output is the model's output."""
-    steps = []
-    module = model
-    for part in name.split("."):
-        steps.append((module, part))
-        module = module._modules[part]
-    for parent, part in reversed(steps):
+    parts = name.split(".")
+    for depth in reversed(range(len(parts))):
+        parent, part = model.get_submodule(".".join(parts[:depth])), parts[depth]
         if isinstance(parent, nn.Sequential):
             keys = list(parent._modules)
             later = keys[keys.index(part) + 1 :]
@@ -158,7 +156,7 @@ def _meta_inputs(model: nn.Module) -> Iterator[torch.Tensor]:
     """Inputs on the meta device shaped for the first Embedding, Linear and conv layer (in
     registration order, which is usually, not always, the order they run in)."""
     kinds = (nn.Embedding, nn.Linear, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
-    firsts = {}
+    firsts: dict[object, Any] = {}
     for module in model.modules():
         kind = next((k for k in kinds if isinstance(module, k)), None)
         if kind is not None:

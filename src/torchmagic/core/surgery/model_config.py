@@ -11,6 +11,7 @@ through the transaction, so undo restores the old values.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
@@ -21,7 +22,7 @@ from .transaction import Transaction
 COUNT_ATTRIBUTES = ("num_classes", "num_labels")
 
 
-def _label_config(model: nn.Module) -> object | None:
+def _label_config(model: nn.Module) -> Any:
     """The Hugging Face config holding the label map, or None."""
     config = getattr(model, "config", None)
     return config if isinstance(getattr(config, "id2label", None), dict) else None
@@ -66,9 +67,9 @@ def _owners(model: nn.Module, heads: Sequence[Head]) -> list[nn.Module]:
     for head in heads:
         if head.role == "auxiliary":
             continue
-        module = model
-        for part in head.name.split(".")[:-1]:
-            module = module._modules[part]
+        parts = head.name.split(".")
+        for depth in range(1, len(parts)):
+            module = model.get_submodule(".".join(parts[:depth]))
             owners.setdefault(id(module), module)
     return list(owners.values())
 
