@@ -131,6 +131,23 @@ def test_custom_model_head_is_found_by_the_meta_forward():
     assert model(torch.randn(2, 3, 8, 8)).shape == (2, 4)
 
 
+class Caching(Backwards):
+    """Caches a tensor on its first forward, as rotary embeddings do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "scale", None) is None:
+            self.scale = torch.ones(8, device=x.device)
+        return self.out(torch.relu(self.proj(self.body(x).mean((2, 3)) * self.scale)))
+
+
+def test_the_meta_forward_leaves_no_meta_tensor_behind():
+    model = Caching()
+    assert Session(model).replace_head("auto", 4).effect.modules == ("out",)
+    assert not hasattr(model, "scale")
+    assert model(torch.randn(2, 3, 8, 8)).shape == (2, 4)
+    assert model.scale.device.type == "cpu"
+
+
 def test_custom_model_non_head_linear_is_refused():
     model = Backwards()
     before = snapshot(model)

@@ -202,13 +202,6 @@ class _MetaTrace:
         self.ran = self._run()
 
     def _run(self) -> bool:
-        stand_ins = {
-            n: torch.empty_like(t, device="meta")
-            for n, t in chain(
-                self.model.named_parameters(remove_duplicate=False),
-                self.model.named_buffers(remove_duplicate=False),
-            )
-        }
         step = count()
         made: dict[str, torch.Tensor] = {}
 
@@ -217,6 +210,9 @@ class _MetaTrace:
             if isinstance(output, torch.Tensor):
                 made[name] = output
 
+        # a forward may cache tensors on its modules (rotary tables, lazy shapes): every
+        # module's plain attributes are put back as they were, so no meta tensor stays
+        attributes = [(m, dict(vars(m))) for m in self.model.modules()]
         hooks = []
         for name, module in self.model.named_modules():
             hooks.append(
@@ -230,12 +226,17 @@ class _MetaTrace:
                 self.start.clear()
                 self.end.clear()
                 made.clear()
-                try:
-                    with torch.no_grad():
-                        result = torch.func.functional_call(
-                            self.model, stand_ins, (x,), strict=False
+                try:  # a probe: any failure (lazy parameters, a wrong shape) means "no"
+                    stand_ins = {
+                        n: torch.empty_like(t, device="meta")
+                        for n, t in chain(
+                            self.model.named_parameters(remove_duplicate=False),
+                            self.model.named_buffers(remove_duplicate=False),
                         )
-                except Exception:  # a probe: any failure means "try another shape"
+                    }
+                    with torch.no_grad():
+                        result = torch.func.functional_call(self.model, stand_ins, (x,))
+                except Exception:
                     continue
                 returned = {id(t) for t in _tensors(result)}
                 self.returned = {n for n, t in made.items() if n and id(t) in returned}
@@ -244,6 +245,9 @@ class _MetaTrace:
         finally:
             for hook in hooks:
                 hook.remove()
+            for module, saved in attributes:
+                vars(module).clear()
+                vars(module).update(saved)
 
     def makes_output(self, name: str) -> bool:
         """``name`` ran, and the model returns its output, or no module with parameters of
