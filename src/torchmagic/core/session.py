@@ -249,6 +249,7 @@ class Session:
         num_classes: int,
         *,
         dropout: float | None = None,
+        labels: Sequence[str] | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: str | None = None,
@@ -256,8 +257,11 @@ class Session:
         """Swap the head for a fresh layer with ``num_classes`` outputs.
 
         ``where`` is ``"auto"``/None (search the current model), a path to the head
-        (``"fc"``, ``"model.classifier.6"``), or a model/sub-tree to search.
+        (``"fc"``, ``"model.classifier.6"``), or a model/sub-tree to search. ``labels``
+        names the classes in a Hugging Face config (``num_classes`` defaults to their count).
         """
+        if labels is not None and num_classes == 0:
+            num_classes = len(labels)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise TorchMagicError(
                 f"num_classes must be a positive integer, got {num_classes!r}",
@@ -269,7 +273,9 @@ class Session:
             command or _call("replace_head", where, num_classes, dropout=dropout),
             target,
             dry_run,
-            lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx),
+            lambda tx: edits.replace_head(
+                target, root, root_name, num_classes, dropout, tx, labels
+            ),
         )
 
     def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:

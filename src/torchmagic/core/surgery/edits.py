@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm, parent_of, unique_parameters
-from . import batchnorm, heads, optimizer_sync, scheduler_sync
+from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Effect
 from .selection import Block, Selection
@@ -283,22 +283,19 @@ def replace_head(
     num_classes: int,
     dropout: float | None,
     tx: Transaction,
+    labels: Sequence[str] | None = None,
 ) -> Effect:
-    """Replace the head found in ``root`` (at ``root_name`` inside the model)."""
+    """Replace the heads found in ``root`` (at ``root_name`` inside the model), and keep
+    the model's class count and label map in step (:mod:`.model_config`)."""
     if num_classes < 1:
         raise TorchMagicError(
             f"the number of classes must be at least 1, got {num_classes}", param="num_classes"
         )
     if dropout is not None and not 0 <= dropout < 1:
         raise TorchMagicError(f"dropout must be in [0, 1), got {dropout}", param="dropout")
-    whole = root is target.model
-    found = [heads.find_head(root, named=not whole)]
-    if whole and not isinstance(root, heads.HEAD_TYPES):
-        found += heads.aux_heads(root)
-    prefix = f"{root_name}." if root_name else ""
-    located = [(f"{prefix}{h.name}" if h.name else root_name, h.module) for h in found]
-    if any(not name for name, _ in located):
-        raise TorchMagicError("the model itself is a single layer: there is no head to swap in it")
+    found = heads.locate(target.model, None if root is target.model else root_name)
+    model_config.check_labels(target.model, found, num_classes, labels)
+    located = [(h.name, h.module) for h in found]
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
     old_params = unique_parameters([m for _, m in located])
     new_params = unique_parameters(new_modules)
@@ -314,6 +311,7 @@ def replace_head(
     for (name, _), new in zip(located, new_modules, strict=True):
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
+    synced = model_config.sync(target.model, found, num_classes, labels, tx)
     notes = []
     if opt is not None:
         for index, params in joining.items():
@@ -330,6 +328,9 @@ def replace_head(
         f"{located[0][0]}: {type(found[0].module).__name__} {old_shape} "
         f"replaced by {found[0].in_features}→{num_classes}",
     )
-    if len(located) > 1:
-        notes.append("auxiliary heads replaced too: " + ", ".join(n for n, _ in located[1:]))
+    for role in ("distillation", "auxiliary"):
+        also = [h.name for h in found if h.role == role]
+        if also:
+            notes.append(f"{role} heads replaced too: {', '.join(also)}")
+    notes.extend(synced)
     return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, tuple(notes))

@@ -1,30 +1,63 @@
-"""Finding a model's classification head and building its replacement.
+"""Finding a model's classification heads and building their replacements.
 
-Detection follows the naming conventions of torchvision (and most of timm / Hugging Face
-vision models): ``fc``, ``classifier`` (a layer, or the last layer of a Sequential),
-``heads.head``, ``head``; then a model whose last parametrised layer is a Linear (a plain
-Sequential). Anything else is refused with the candidate Linear layers listed.
+A head is a head. The layer replaced must be
+
+* a ``Linear``, or a ``Conv2d`` with a 1x1 kernel and one group (a conv classifier), and
+* the layer that makes the model's output: after it runs, nothing with parameters runs
+  (activation, dropout, flatten, pooling and identity may follow).
+
+The second point is established by the first of:
+
+1. the model's library: timm's ``get_classifier()`` (every head it returns, so a distilled
+   model's ``head_dist`` changes with ``head``), or a Hugging Face model's classifier
+   attributes (``classifier``, ``cls_classifier`` + ``distillation_classifier``, ``score``).
+   Inside such a module the last Linear is the head (RoBERTa's ``classifier.out_proj``,
+   LeViT's ``head.linear``), and what surrounds it (timm's pooling) is kept;
+2. the module structure: walking up from the layer, at every ``Sequential`` only modules
+   without parameters follow it, and every other step goes through a head's name (``fc``,
+   ``classifier``, ``head``, ``heads``, ...), as torchvision's ``fc``, ``classifier.6`` and
+   ``heads.head``;
+3. one forward on the meta device (no memory, no arithmetic) with an input shaped for the
+   model's first layer: no module with parameters starts after the layer finishes. Only
+   when no such input runs does the last layer with parameters, in registration order,
+   count as the head.
+
+On ``auto``, torchvision-style auxiliary classifiers (GoogLeNet's ``aux1``/``aux2``, Inception
+v3's ``AuxLogits``) are replaced with the main head. A named layer or sub-tree must be, or
+hold, a head by this rule; anything else is refused with the real heads listed, before
+anything changes (``replace_head("layer4", 10)`` on a ResNet names no head).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain, count
+from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import TorchMagicError
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
+HEAD_NAMES = frozenset({"fc", "classifier", "head", "heads", "head_dist", "last_linear"})
 AUX_HEAD_PATHS = ("aux1.fc2", "aux2.fc2", "AuxLogits.fc")
-HEAD_TYPES = (nn.Linear, nn.Conv2d)
+HF_HEAD_NAMES = ("classifier", "cls_classifier", "distillation_classifier", "score")
+META_SIDES = (224, 64, 32, 28)  # spatial sizes tried for the meta forward of a conv net
 
 
 @dataclass(frozen=True)
 class Head:
-    """A head layer at its qualified name (relative to the searched root)."""
+    """A head layer at its qualified name in the model.
+
+    ``role``: ``main``; ``distillation`` (a second head the model combines with the main
+    one, replaced with it); ``auxiliary`` (a training-time side classifier).
+    """
 
     name: str
     module: nn.Module
+    role: str = "main"
 
     @property
     def in_features(self) -> int:
@@ -37,6 +70,26 @@ class Head:
         return m.out_features if isinstance(m, nn.Linear) else m.out_channels
 
 
+def is_head_layer(module: nn.Module) -> bool:
+    """A Linear, or a 1x1 single-group Conv2d (SqueezeNet's, timm's conv classifiers)."""
+    if isinstance(module, nn.Linear):
+        return True
+    return isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and module.groups == 1
+
+
+def _describe(module: nn.Module) -> str:
+    if isinstance(module, nn.Linear):
+        return f"Linear {module.in_features}→{module.out_features}"
+    if isinstance(module, nn.Conv2d):
+        k = "x".join(str(s) for s in module.kernel_size)
+        return f"Conv2d {k} {module.in_channels}→{module.out_channels}"
+    return type(module).__name__
+
+
+def _has_params(module: nn.Module, recurse: bool = True) -> bool:
+    return any(True for _ in module.parameters(recurse=recurse))
+
+
 def _lookup(root: nn.Module, path: str) -> nn.Module | None:
     module: nn.Module | None = root
     for part in path.split("."):
@@ -44,74 +97,305 @@ def _lookup(root: nn.Module, path: str) -> nn.Module | None:
     return module
 
 
-def _last_head_layer(module: nn.Module, prefix: str) -> Head | None:
-    """The last Linear / Conv2d inside ``module`` in registration order."""
+def _within(name: str, ancestor: str) -> bool:
+    return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+
+
+def _last_head_layer(module: nn.Module, prefix: str, role: str = "main") -> Head | None:
+    """The last head layer inside ``module`` in registration order."""
     found = None
     for name, sub in module.named_modules(prefix=prefix):
-        if isinstance(sub, HEAD_TYPES):
-            found = Head(name, sub)
+        if is_head_layer(sub):
+            found = Head(name, sub, role)
     return found
 
 
-def _last_parametrised_is_linear(root: nn.Module) -> Head | None:
-    last = None
-    for name, sub in root.named_modules():
-        if any(True for _ in sub.parameters(recurse=False)):
-            last = (name, sub)
-    if last is not None and isinstance(last[1], nn.Linear):
-        return Head(*last)
-    return None
-
-
-def find_head(root: nn.Module, *, named: bool = False) -> Head:
-    """The classification head inside ``root``, or a clear refusal listing candidates.
-
-    ``named``: the user pointed at this sub-tree (``model.classifier``), so its last
-    Linear / Conv2d is the head whatever the naming conventions say.
-    """
-    if isinstance(root, HEAD_TYPES):
-        return Head("", root)
-    if named:
-        head = _last_head_layer(root, "")
+def _library_heads(model: nn.Module) -> list[Head] | None:
+    """Heads the model's library declares (timm, Hugging Face), or None for other models."""
+    slots: list[tuple[str, nn.Module]] = []
+    get_classifier = getattr(model, "get_classifier", None)
+    if callable(get_classifier):
+        declared = get_classifier()
+        wanted = declared if isinstance(declared, tuple) else (declared,)
+        names = {id(m): n for n, m in model.named_modules() if n}
+        slots = [(names[id(m)], m) for m in wanted if id(m) in names]
+    if not slots and hasattr(getattr(model, "config", None), "id2label"):
+        slots = [(n, m) for n in HF_HEAD_NAMES if (m := model._modules.get(n)) is not None]
+    if not slots:
+        return None
+    found = []
+    for index, (name, slot) in enumerate(slots):
+        role = "main" if index == 0 else "distillation"
+        head = Head(name, slot, role) if is_head_layer(slot) else _last_head_layer(slot, name, role)
         if head is None:
             raise TorchMagicError(
-                f"that is a {type(root).__name__} with no Linear or Conv2d inside: "
-                "torchmagic replaces Linear and Conv2d heads"
+                f"{type(model).__name__} was built without a classifier ({name} is a "
+                f"{type(slot).__name__}): build it with the number of classes you want "
+                "(timm: num_classes=, Hugging Face: num_labels=)"
             )
-        return head
-    for path in HEAD_PATHS:
-        module = _lookup(root, path)
-        if module is not None:
-            head = _last_head_layer(module, path)
-            if head is not None:
-                return head
-    head = _last_parametrised_is_linear(root)
-    if head is not None:
-        return head
-    linears = [
-        f"{n} ({m.in_features}→{m.out_features})"
-        for n, m in root.named_modules()
-        if isinstance(m, nn.Linear)
-    ]
-    if not linears:
-        raise TorchMagicError(
-            f"no head found in {type(root).__name__}: it has no Linear layer; "
-            "name the layer to replace, e.g. %replace_head model.classifier 10"
+        found.append(head)
+    return found
+
+
+def _trails(model: nn.Module, name: str) -> bool:
+    """Structure alone shows that ``name``'s output is the model's output."""
+    parts = name.split(".")
+    for depth in reversed(range(len(parts))):
+        parent, part = model.get_submodule(".".join(parts[:depth])), parts[depth]
+        if isinstance(parent, nn.Sequential):
+            keys = list(parent._modules)
+            later = keys[keys.index(part) + 1 :]
+            if any(_has_params(parent._modules[k]) for k in later if parent._modules[k]):
+                return False
+        elif part not in HEAD_NAMES:
+            return False
+    return True
+
+
+def _meta_inputs(model: nn.Module) -> Iterator[torch.Tensor]:
+    """Inputs on the meta device shaped for the first Embedding, Linear and conv layer (in
+    registration order, which is usually, not always, the order they run in)."""
+    kinds = (nn.Embedding, nn.Linear, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    firsts: dict[object, Any] = {}
+    for module in model.modules():
+        kind = next((k for k in kinds if isinstance(module, k)), None)
+        if kind is not None:
+            firsts.setdefault(kind, module)
+    for first in firsts.values():
+        if isinstance(first, nn.Embedding):
+            yield torch.zeros(2, 16, dtype=torch.long, device="meta")
+        elif isinstance(first, nn.Linear):
+            yield torch.empty(2, first.in_features, device="meta")
+        else:
+            for side in META_SIDES:
+                yield torch.empty(
+                    2, first.in_channels, *[side] * len(first.kernel_size), device="meta"
+                )
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    """Tensors in a forward's result: a tensor, or nested tuples, lists and dicts of them
+    (Hugging Face's ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+class _MetaTrace:
+    """One forward on the meta device: when each module starts and finishes, and which
+    modules' outputs the model returns as they are.
+
+    Parameters and buffers are stood in for by meta tensors (``functional_call``), so the
+    model's weights, running statistics and device are untouched.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.start: dict[str, int] = {}
+        self.end: dict[str, int] = {}
+        self.returned: set[str] = set()
+        self.ran = self._run()
+
+    def _run(self) -> bool:
+        step = count()
+        made: dict[str, torch.Tensor] = {}
+
+        def finished(name: str, output: object) -> None:
+            self.end[name] = next(step)
+            if isinstance(output, torch.Tensor):
+                made[name] = output
+
+        # a forward may cache tensors on its modules (rotary tables, lazy shapes): every
+        # module's plain attributes are put back as they were, so no meta tensor stays
+        attributes = [(m, dict(vars(m))) for m in self.model.modules()]
+        hooks = []
+        for name, module in self.model.named_modules():
+            hooks.append(
+                module.register_forward_pre_hook(
+                    lambda m, a, n=name: self.start.__setitem__(n, next(step))
+                )
+            )
+            hooks.append(module.register_forward_hook(lambda m, a, o, n=name: finished(n, o)))
+        try:
+            for x in _meta_inputs(self.model):
+                self.start.clear()
+                self.end.clear()
+                made.clear()
+                try:  # a probe: any failure (lazy parameters, a wrong shape) means "no"
+                    stand_ins = {
+                        n: torch.empty_like(t, device="meta")
+                        for n, t in chain(
+                            self.model.named_parameters(remove_duplicate=False),
+                            self.model.named_buffers(remove_duplicate=False),
+                        )
+                    }
+                    with torch.no_grad():
+                        result = torch.func.functional_call(self.model, stand_ins, (x,))
+                except Exception:
+                    continue
+                returned = {id(t) for t in _tensors(result)}
+                self.returned = {n for n, t in made.items() if n and id(t) in returned}
+                return True
+            return False
+        finally:
+            for hook in hooks:
+                hook.remove()
+            for module, saved in attributes:
+                vars(module).clear()
+                vars(module).update(saved)
+
+    def makes_output(self, name: str) -> bool:
+        """``name`` ran, and the model returns its output, or no module with parameters of
+        its own started after it finished."""
+        if name in self.returned:
+            return True
+        if name not in self.end:
+            return False
+        finished = self.end[name]
+        return not any(
+            began > finished and _has_params(self.model.get_submodule(n), recurse=False)
+            for n, began in self.start.items()
         )
-    shown = ", ".join(linears[-8:])
+
+
+def _last_parametrised(model: nn.Module) -> tuple[str, nn.Module] | None:
+    last = None
+    for name, sub in model.named_modules():
+        if _has_params(sub, recurse=False):
+            last = (name, sub)
+    return last
+
+
+class _Judge:
+    """Decides, lazily and once per model, whether a layer's output is the model's output."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._trace: _MetaTrace | None = None
+
+    @property
+    def trace(self) -> _MetaTrace:
+        if self._trace is None:
+            self._trace = _MetaTrace(self.model)
+        return self._trace
+
+    def makes_output(self, name: str) -> bool:
+        if _trails(self.model, name):
+            return True
+        if self.trace.ran:
+            return self.trace.makes_output(name)
+        last = _last_parametrised(self.model)
+        return last is not None and last[0] == name
+
+    def traced_heads(self) -> list[str]:
+        """Head layers the meta forward shows making the output (none if it cannot run)."""
+        if not self.trace.ran:
+            return []
+        return [
+            n
+            for n, m in self.model.named_modules()
+            if n and is_head_layer(m) and self.trace.makes_output(n)
+        ]
+
+
+def aux_heads(model: nn.Module) -> list[Head]:
+    """Auxiliary classifiers (GoogLeNet's aux1/aux2, Inception v3's AuxLogits)."""
+    return [
+        Head(path, module, "auxiliary")
+        for path in AUX_HEAD_PATHS
+        if (module := _lookup(model, path)) is not None and is_head_layer(module)
+    ]
+
+
+def _linear_names(model: nn.Module) -> str:
+    linears = [f"{n} ({_describe(m)})" for n, m in model.named_modules() if is_head_layer(m)]
+    return ", ".join(linears[-8:]) if linears else "none"
+
+
+def find_heads(model: nn.Module, judge: _Judge | None = None) -> list[Head]:
+    """Every head of ``model``: the main one first, then distillation and auxiliary heads."""
+    if is_head_layer(model):
+        raise TorchMagicError(
+            "the model itself is a single layer: there is no head to swap in it", param="where"
+        )
+    library = _library_heads(model)
+    if library is not None:
+        return library
+    judge = judge or _Judge(model)
+    for path in HEAD_PATHS:
+        slot = _lookup(model, path)
+        if slot is None:
+            continue
+        head = Head(path, slot) if is_head_layer(slot) else _last_head_layer(slot, path)
+        if head is not None and _trails(model, head.name):
+            return [head, *aux_heads(model)]
+    last = _last_parametrised(model)
+    if last is not None and is_head_layer(last[1]) and _trails(model, last[0]):
+        return [Head(*last)]
+    traced = judge.traced_heads()
+    if len(traced) == 1:
+        return [Head(traced[0], model.get_submodule(traced[0]))]
+    if not traced and not judge.trace.ran and last is not None and is_head_layer(last[1]):
+        return [Head(*last)]
+    what = type(model).__name__
+    if traced:
+        raise TorchMagicError(
+            f"{what} has several outputs, each made by a head: {', '.join(traced)}; "
+            "name the one to replace",
+            param="where",
+        )
     raise TorchMagicError(
-        f"cannot tell which layer is the head of {type(root).__name__}; candidates: {shown}. "
-        "Name one, e.g. %replace_head model.<name> 10"
+        f"no head found in {what}: none of its Linear / 1x1 Conv2d layers "
+        f"({_linear_names(model)}) makes the model's output",
+        param="where",
     )
 
 
-def aux_heads(root: nn.Module) -> list[Head]:
-    """Auxiliary classifiers (GoogLeNet's aux1/aux2, Inception v3's AuxLogits)."""
-    return [
-        Head(path, module)
-        for path in AUX_HEAD_PATHS
-        if isinstance(module := _lookup(root, path), HEAD_TYPES)
-    ]
+def find_head(model: nn.Module) -> Head:
+    """The model's main head (what a linear probe trains)."""
+    return find_heads(model)[0]
+
+
+def locate(model: nn.Module, where: str | None) -> list[Head]:
+    """The heads to replace: all of ``model``'s (``where`` None), or those at or inside
+    the module named ``where``; a main or distillation head brings the other along."""
+    judge = _Judge(model)
+    if where is None:
+        return find_heads(model, judge)
+    declared = _library_heads(model)
+    try:
+        known = declared if declared is not None else find_heads(model, judge)
+    except TorchMagicError:
+        known = []
+    inside = [h for h in known if _within(h.name, where)]
+    if inside:
+        main = any(h.role != "auxiliary" for h in inside)
+        return [h for h in known if h in inside or (main and h.role != "auxiliary")]
+    module = model.get_submodule(where)
+    candidate = Head(where, module) if is_head_layer(module) else _last_head_layer(module, where)
+    if candidate is not None and declared is None and judge.makes_output(candidate.name):
+        return [candidate]
+    if candidate is None and not module._modules:
+        why = f"it is a {_describe(module)}; a head is a Linear or a 1x1 Conv2d"
+    elif candidate is None:
+        why = f"it is a {type(module).__name__} with no Linear or 1x1 Conv2d in it"
+    elif candidate.name == where:
+        why = f"it is a {_describe(module)} whose output is not the model's output"
+    else:
+        why = (
+            f"its last Linear / 1x1 Conv2d, {candidate.name} ({_describe(candidate.module)}), "
+            "does not make the model's output"
+        )
+    real = ", ".join(f"{h.name} ({_describe(h.module)})" for h in known) or "none found"
+    raise TorchMagicError(
+        f"'{where}' is not a head: {why}. Heads of {type(model).__name__}: {real}",
+        param="where",
+    )
 
 
 def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -> nn.Module:
@@ -122,9 +406,8 @@ def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -
         new: nn.Module = nn.Linear(
             old.in_features, num_classes, bias=old.bias is not None, **factory
         )
-    elif isinstance(old, nn.Conv2d):
-        if old.groups != 1:
-            raise TorchMagicError("cannot replace a grouped Conv2d head; name a plain layer")
+    else:
+        assert isinstance(old, nn.Conv2d)
         new = nn.Conv2d(
             old.in_channels,
             num_classes,
@@ -135,10 +418,6 @@ def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -
             bias=old.bias is not None,
             padding_mode=old.padding_mode,
             **factory,
-        )
-    else:
-        raise TorchMagicError(
-            f"the head is a {type(old).__name__}; torchmagic replaces Linear and Conv2d heads"
         )
     if dropout is not None:
         new = nn.Sequential(nn.Dropout(dropout), new)

@@ -1,0 +1,70 @@
+"""End-to-end: examples/model_zoo.ipynb runs in a real Jupyter kernel, offline.
+
+The same three commands on a torchvision, a timm and a Hugging Face model; the kernel
+shows what a user sees (rich output, names resolved in the kernel's namespace, a plain
+training step after the surgery).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import nbformat
+import pytest
+
+pytest.importorskip("timm")
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "model_zoo.ipynb"
+
+
+def _runner() -> ModuleType:
+    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _plain(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+
+
+@pytest.mark.slow
+def test_model_zoo_notebook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # the kernel inherits this environment: no hub, no caches outside tmp
+    for key, value in {
+        "TORCH_HOME": tmp_path / "torch_home",
+        "HF_HOME": tmp_path / "hf_home",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }.items():
+        monkeypatch.setenv(key, str(value))
+    nb = _runner().execute_notebook(NOTEBOOK, out=tmp_path / "model_zoo.ipynb", echo=False)
+
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert not [c.source for c in cells for o in c.outputs if o.output_type == "error"]
+    magics = [c for c in cells if c.source.startswith("%") and "load_ext" not in c.source]
+    commands = {c.source.split()[0] for c in magics}
+    assert commands == {"%freeze", "%replace_head", "%unfreeze", "%summary"}
+    for cell in magics:
+        assert len(cell.outputs) == 1, cell.source
+        assert "text/html" in cell.outputs[0].get("data", {}), cell.source
+        assert "\x1b[" not in _plain(cell)
+
+    by_source = {c.source: c for c in magics}
+    assert "fc: Linear 512→1000 replaced by 512→5" in _plain(by_source["%replace_head resnet 5"])
+    convnext = _plain(by_source["%replace_head convnext 5"])
+    assert "head.fc: Linear" in convnext and "num_classes: 1000 → 5" in convnext
+    dino = _plain(by_source["%replace_head dino 5"])
+    assert "classifier: Linear" in dino and "config: 1000 labels → 5" in dino
+    for model in ("resnet", "convnext", "dino"):
+        assert sum(c.source.split()[1].split(".")[0] == model for c in magics) == 4
+
+    printed = "".join(o.get("text", "") for o in cells[-1].outputs if o.output_type == "stream")
+    assert "dino.config.num_labels = 5" in printed
+    assert printed.count("logits (4, 5)") == 3, printed
