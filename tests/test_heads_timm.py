@@ -196,11 +196,17 @@ def test_discriminative_unfreeze_over_vit_blocks() -> None:
     tm.freeze(exclude=["head"])
     tm.replace_head("auto", NUM_CLASSES)
     tm.unfreeze("blocks.8-11", lr=(1e-5, 1e-4))
-    lrs = {}
+    lrs: dict[str, set[float]] = {}
+    decay: dict[str, float] = {}
     for group in opt.param_groups:
-        if str(group.get("name", "")).startswith("blocks."):
-            lrs.setdefault(group["name"], set()).add(group["lr"])
+        name = str(group.get("name", ""))
+        if name.startswith("blocks."):
+            block = name.split(" · ")[0]  # timm's decay / no-decay split survives per block
+            lrs.setdefault(block, set()).add(group["lr"])
+            decay[name] = group["weight_decay"]
     assert list(lrs) == ["blocks.8", "blocks.9", "blocks.10", "blocks.11"]
+    assert all(len(values) == 1 for values in lrs.values())
+    assert decay["blocks.8"] == 0.05 and decay["blocks.8 · no_decay"] == 0.0
     spread = [lrs[n].pop() for n in lrs]
     assert spread[0] == pytest.approx(1e-5) and spread[-1] == pytest.approx(1e-4)
     assert all(a < b for a, b in zip(spread, spread[1:], strict=False))

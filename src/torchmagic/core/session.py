@@ -246,7 +246,7 @@ class Session:
     def replace_head(
         self,
         where: str | None,
-        num_classes: int,
+        num_classes: int | None = None,
         *,
         dropout: float | None = None,
         labels: Sequence[str] | None = None,
@@ -258,9 +258,10 @@ class Session:
 
         ``where`` is ``"auto"``/None (search the current model), a path to the head
         (``"fc"``, ``"model.classifier.6"``), or a model/sub-tree to search. ``labels``
-        names the classes in a Hugging Face config (``num_classes`` defaults to their count).
+        names the classes in a Hugging Face config; the class count is required unless
+        ``labels`` gives it.
         """
-        if labels is not None and num_classes == 0:
+        if num_classes is None and labels is not None:
             num_classes = len(labels)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise TorchMagicError(
