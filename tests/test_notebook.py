@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 from pathlib import Path
 from types import ModuleType
@@ -54,8 +55,10 @@ def _is_magic(cell: nbformat.NotebookNode) -> bool:
 
 @pytest.fixture
 def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The kernel inherits this environment: keep torch away from ~/.cache."""
+    """The kernel inherits this environment: keep torch away from ~/.cache, and on one
+    thread like the rest of the suite (see conftest.py) unless OMP_NUM_THREADS is set."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     return tmp_path
 
 
