@@ -112,11 +112,14 @@ def test_runner_reports_the_failing_cell(
 ) -> None:
     runner = _runner()
     monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # echo every in-place update
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     path = isolated_env / "broken.ipynb"
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_markdown_cell("not executed"),
-        nbformat.v4.new_code_cell("import os\nprint(os.getcwd())"),
+        nbformat.v4.new_code_cell(
+            "import os\nprint(os.getcwd())\nprint('wait policy', os.environ['OMP_WAIT_POLICY'])"
+        ),
         nbformat.v4.new_code_cell(
             "from IPython.display import display\n"
             "handle = display('progress %d of 3' % 1, display_id=True)\n"
@@ -136,6 +139,7 @@ def test_runner_reports_the_failing_cell(
     echoed = capsys.readouterr().out
     assert "--- cell 1 " in echoed
     assert str(isolated_env.resolve()) in echoed  # the kernel runs in the notebook's folder
+    assert "wait policy PASSIVE" in echoed  # idle OpenMP threads sleep: kinder to a busy machine
     # in-place updates (how %fit shows progress) reach the terminal, each once
     assert [echoed.count(f"'progress {n} of 3'") for n in (1, 2, 3)] == [1, 1, 1]
     assert "unreachable" not in echoed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,11 +37,18 @@ PROGRESS_EVERY_S = 10.0  # how often an in-place display's changes are echoed
 
 
 def _write_kernelspec(folder: Path) -> None:
-    """A kernelspec that launches ipykernel with the current interpreter."""
+    """A kernelspec that launches ipykernel with the current interpreter.
+
+    OpenMP threads that wait for work sleep instead of spinning (unless OMP_WAIT_POLICY
+    is set): on a busy machine spinning threads fight the other jobs for the cores, and a
+    training step of the quickstart took 11.8 s instead of 4.0 s under a load of 13 on two
+    cores. On an idle machine the difference is small.
+    """
     spec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python 3 ({sys.executable})",
         "language": "python",
+        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")},
     }
     spec_dir = folder / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
