@@ -190,11 +190,15 @@ def _pretrain(model: nn.Module, epochs: int, seed: int, verbose: bool) -> None:
     )
     loss_fn = nn.CrossEntropyLoss()
     start = time.perf_counter()
+    correct = 0  # in the last epoch, as it trains: a second pass would cost a third more
     for epoch in range(epochs):
         model.train()
         for batch, (x, y) in enumerate(loader, start=1):
             optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
+            out = model(x)
+            loss = loss_fn(out, y)
+            if epoch == epochs - 1:
+                correct += int((out.argmax(dim=1) == y).sum())
             loss.backward()
             optimizer.step()
             scheduler.step()  # one-cycle steps per batch, unlike the quickstart's cosine
@@ -206,8 +210,7 @@ def _pretrain(model: nn.Module, epochs: int, seed: int, verbose: bool) -> None:
                 )
     seconds = time.perf_counter() - start
     if verbose:
-        acc = accuracy(model, make_loader(data, batch_size=256, shuffle=False))
         print(
             f"pretrained on {len(data)} images of digits 0-4 in {seconds:.0f}s "
-            f"(train accuracy {acc:.3f})"
+            f"(train accuracy in the last epoch {correct / len(data):.3f})"
         )
