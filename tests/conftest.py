@@ -8,6 +8,7 @@ threads than with one under a load of 10 on two cores).
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 
@@ -44,3 +45,7 @@ def ip():
     shell.run_line_magic("load_ext", "torchmagic")
     yield shell
     InteractiveShell.clear_instance()
+    # Every shell registers an exit hook that resets its namespace with a full garbage
+    # collection; a hundred of them kept the interpreter busy for two minutes after the
+    # last test. The shell is discarded here, so its hook has nothing left to save.
+    atexit.unregister(shell.atexit_operations)
