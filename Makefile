@@ -7,9 +7,19 @@ VENV_STAMP := .venv/.installed
 PYTEST_ARGS ?=
 LINT_PATHS := $(wildcard src tests bench tools examples)
 
+# The floor-version venv of `make test-floor`: torch, torchvision and IPython pinned to the
+# lowest versions pyproject.toml allows (read from it, so the floors have one source).
+FLOOR_VENV := build/floor-venv
+FLOOR_PYTHON ?= python3
+FLOOR_PINS = $(shell $(FLOOR_PYTHON) -c "import re; print(' '.join(n + '==' + v for n, v in re.findall(r'\"(torch|torchvision|ipython)>=([^\"]+)\"', open('pyproject.toml').read())))")
+# Where to get torch wheels for the floor venv. Empty: the default index, whose Linux torch
+# wheels are CUDA builds (torch 2.3 alone is a 779 MB download, ~3 GB with its CUDA
+# libraries). Set it to PyTorch's own CPU wheel index for ~200 MB.
+TORCH_INDEX ?=
+
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test lint bench
+.PHONY: venv demo test test-all test-floor lint bench
 
 venv: $(VENV_STAMP)
 
@@ -22,14 +32,34 @@ $(VENV_STAMP): pyproject.toml | $(PYTHON)
 	.venv/bin/pip install -q -e '.[test,demo]'
 	touch $@
 
+# The quickstart in a real kernel, echoed cell by cell (a couple of minutes on two cores;
+# the first run adds about a minute of pretraining, cached in build/weights).
 demo: $(VENV_STAMP)
 	$(PYTHON) tools/run_notebook.py examples/quickstart.ipynb --out build/quickstart.ipynb
 
+# The fast tests: under five minutes on two cores. `make test-all` adds the slow ones
+# (the quickstart in a kernel, whole-model sweeps, the undo property test at full size).
 test: $(VENV_STAMP)
+	$(PYTHON) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(VENV_STAMP)
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+# The fast tests against the lowest supported torch/torchvision/IPython, in a venv of its
+# own. Costly the first time (see TORCH_INDEX above); not part of .ci/run for that reason.
+# numpy<2: the torch 2.3 wheels were built against numpy 1.
+test-floor:
+	$(FLOOR_PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+		$(filter torch==% torchvision==%,$(FLOOR_PINS))
+	$(FLOOR_VENV)/bin/pip install -q 'numpy<2' $(FLOOR_PINS) -e '.[test,demo]'
+	$(FLOOR_VENV)/bin/python -c "import torch, torchvision, IPython; print('floor:', torch.__version__, torchvision.__version__, IPython.__version__)"
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check $(LINT_PATHS)
+	$(PYTHON) -m mypy src
 
 bench: $(VENV_STAMP)
 	$(PYTHON) bench/surgery.py

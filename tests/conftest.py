@@ -1,7 +1,14 @@
-"""Shared fixtures: offline torch home, small models, a fresh IPython shell per test."""
+"""Shared fixtures: offline torch home, small models, a fresh IPython shell per test.
+
+The suite runs torch on one intra-op thread unless OMP_NUM_THREADS says otherwise: its
+models are small, and on a busy machine a preempted second OpenMP thread stalls every
+parallel region of the first (the same tests took about five times longer with two
+threads than with one under a load of 10 on two cores).
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 
@@ -11,6 +18,8 @@ import torchvision
 from IPython.core.interactiveshell import InteractiveShell
 
 os.environ.setdefault("TORCH_HOME", tempfile.mkdtemp(prefix="torchmagic-torch-home-"))
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -36,3 +45,7 @@ def ip():
     shell.run_line_magic("load_ext", "torchmagic")
     yield shell
     InteractiveShell.clear_instance()
+    # Every shell registers an exit hook that resets its namespace with a full garbage
+    # collection; a hundred of them kept the interpreter busy for two minutes after the
+    # last test. The shell is discarded here, so its hook has nothing left to save.
+    atexit.unregister(shell.atexit_operations)
