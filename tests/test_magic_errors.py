@@ -89,5 +89,6 @@ def test_session_refusals_name_the_python_parameter(call, param):
 
 def test_replace_head_needs_the_class_count():
     model, opt = _small()
-    with pytest.raises(TypeError):
-        Session(model, opt).replace_head("auto")  # type: ignore[call-arg]
+    with pytest.raises(TorchMagicError, match="class count is missing") as refused:
+        Session(model, opt).replace_head("auto")
+    assert refused.value.param == "num_classes"

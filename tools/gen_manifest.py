@@ -40,6 +40,7 @@ EXAMPLES = {
     ("device", "line"): "%device move",
     ("gpumem", "line"): "%gpumem estimate --input-shape 8,3,224,224",
     ("tm", "line"): "%tm undo",
+    ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from . import distributed
+from .devices.batch_size import BatchSizeReport, find_batch_size
+from .devices.compare import CompareReport, compare
 from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
 from .devices.device import move as move_model
 from .devices.estimate import Estimate
@@ -52,6 +54,8 @@ from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
 from .training.fit import fit as run_fit
 from .training.schedule_steps import SchedStep
 from .workspace import Workspace
+from .zoo import LoadedModel
+from .zoo import load_model as build_model
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Session:
         self.amp = AmpController()
         self.fits: list[FitHistory] = []
         self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
+        self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
+        self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
 
     # -- resolving -------------------------------------------------------------------
 
@@ -261,7 +267,12 @@ class Session:
         names the classes in a Hugging Face config; the class count is required unless
         ``labels`` gives it.
         """
-        if num_classes is None and labels is not None:
+        if num_classes is None:
+            if labels is None:
+                raise TorchMagicError(
+                    "the class count is missing: give num_classes (or labels)",
+                    param="num_classes",
+                )
             num_classes = len(labels)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise TorchMagicError(
@@ -325,6 +336,31 @@ class Session:
             ),
         )
 
+    def load_model(
+        self,
+        name: str,
+        weights: str | None = "DEFAULT",
+        *,
+        num_classes: int | None = None,
+        bind: str = "model",
+    ) -> tuple[LoadedModel, Change | None]:
+        """Build ``name`` (``resnet18``, ``timm:convnext_atto``, ``hf:vit``) with the modern
+        ``weights=`` API and bind ``bind`` (the model), ``weights``, ``preprocess`` and
+        ``categories`` in the namespace, so transforms and labels match the weights; with
+        ``num_classes`` the head is replaced next, as an undoable history entry. Nothing is
+        bound when the build fails (offline without cached weights: one error line)."""
+        loaded = build_model(name, weights)
+        namespace = self.workspace.namespace
+        namespace[bind] = loaded.model
+        namespace["weights"] = loaded.weights
+        namespace["preprocess"] = loaded.preprocess
+        namespace["categories"] = list(loaded.categories) if loaded.categories else None
+        self.loaded[bind] = loaded
+        self.workspace.current = bind
+        if num_classes is None:
+            return loaded, None
+        return loaded, self.replace_head(bind, num_classes)
+
     def use(self, name: str) -> str:
         """Make ``name`` the current model for commands that do not name one."""
         self.workspace.resolve_model(name)
@@ -344,6 +380,10 @@ class Session:
             amp=self.amp,
             compile_watch=self.compile_watch,
             device=self.device,
+            weights=self.loaded,
+            replaced_heads={e.model_name for e in self.history() if e.action == "replace_head"},
+            fits=self.fits,
+            pinbench=self.last_pinbench,
         )
 
     # -- devices and memory ----------------------------------------------------------
@@ -399,7 +439,53 @@ class Session:
     def pinbench(self, loader: object) -> PinReport:
         """Time pageable against pinned host→device copies of one batch of ``loader``
         (a variable name, a DataLoader, any iterable of batches, or a batch)."""
-        return time_host_copies(self._variable(loader, "loader"), self.device)
+        self.last_pinbench = time_host_copies(self._variable(loader, "loader"), self.device)
+        return self.last_pinbench
+
+    def compare_devices(
+        self,
+        loader: object,
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        loss: str = "cross_entropy",
+        steps: int = 5,
+    ) -> CompareReport:
+        """Time a few real training steps of copies of the (current) model, with its
+        optimizer's class, groups and state, on one batch of ``loader`` on the CPU and on
+        every accelerator present, host→device copy included: is the GPU worth it for
+        this model and batch? The live model, optimizer and RNG are left as they were."""
+        bound = self.bound(model, optimizer)
+        return compare(
+            bound.model,
+            self._loader(loader, "loader"),
+            bound.optimizer,
+            loss_fn=resolve_loss(loss, self.workspace.namespace),
+            steps=steps,
+            model_name=bound.model_name,
+        )
+
+    def batch_size(
+        self,
+        input_shape: Sequence[int],
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        budget: int | None = None,
+        max_batch: int | None = None,
+    ) -> BatchSizeReport:
+        """The largest batch of ``input_shape`` samples (no batch dimension) whose training
+        step fits where the (current) model lives, under the session's AMP policy; on the
+        CPU within ``budget`` bytes (default: the RAM available). State is restored."""
+        bound = self.bound(model, optimizer)
+        return find_batch_size(
+            bound.model,
+            bound.optimizer,
+            tuple(input_shape),
+            budget=budget,
+            max_batch=max_batch,
+            amp_dtype=self.amp.dtype if self.amp.enabled else None,
+        )
 
     def memory(self, model: str | None = None) -> MemoryReport:
         """Memory in use on the (current) model's device, broken down into parameters,
@@ -434,6 +520,7 @@ class Session:
             optimizer_class or bound.optimizer,
             None if input_shape is None else tuple(input_shape),
             model_name=bound.model_name,
+            amp_dtype=self.amp.dtype if self.amp.enabled else None,
         )
 
     # -- mixed precision -------------------------------------------------------------

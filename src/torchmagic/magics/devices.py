@@ -10,10 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import render
 from ..core import TorchMagicError
 from ..core.devices.memory import CellWatcher
-from ..core.surgery.grammar import parse_shape
+from ..core.surgery.grammar import parse_bytes, parse_shape
+from ..render import compare as compare_render
 from ..render import device as device_render
 from ..render import memory as memory_render
-from .base import Subcommand, TopicMagics, parse, subcommands
+from .base import OPT, Subcommand, TopicMagics, parse, subcommands
 
 
 @magics_class
@@ -44,6 +45,13 @@ class DeviceMagics(TopicMagics):
     def _pinbench(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return device_render.pin_report(self.session.pinbench(words[0]), self.width)
 
+    def _compare(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        model, loader = words if len(words) == 2 else [None, *words]
+        report = self.session.compare_devices(
+            loader, model=model, optimizer=args.optimizer, loss=args.loss, steps=args.steps
+        )
+        return compare_render.device_compare(report, self.width)
+
     def _memory(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return memory_render.memory(self.session.memory(), self.width)
 
@@ -57,6 +65,19 @@ class DeviceMagics(TopicMagics):
         )
         return memory_render.estimate(report, self.width)
 
+    def _batch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        if not args.input_shape:
+            raise TorchMagicError(
+                "give the shape of one sample, e.g. 3,224,224", param="input_shape"
+            )
+        report = self.session.batch_size(
+            parse_shape(args.input_shape),
+            model=words[0] if words else None,
+            budget=parse_bytes(args.budget) if args.budget else None,
+            max_batch=args.max,
+        )
+        return render.render(report, self.width)
+
     def _watch_switch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         if words[0] not in ("on", "off"):
             raise TorchMagicError(f"watch takes on or off, got '{words[0]}'", param="words")
@@ -67,9 +88,24 @@ class DeviceMagics(TopicMagics):
     @argument(
         "words",
         nargs="*",
-        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench LOADER",
-        help="nothing: list devices; a device: set the session's device; move, check or pinbench",
+        metavar="cuda:N|cpu|mps|auto | move|check [MODEL] | pinbench|compare [MODEL] LOADER",
+        help="nothing: list devices; a device: set the session's device; move, check, "
+        "pinbench or compare",
     )
+    @argument(
+        "--steps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with compare: timed training steps per device",
+    )
+    @argument(
+        "--loss",
+        default="cross_entropy",
+        metavar="NAME",
+        help="with compare: the loss, as for fit (default: cross_entropy)",
+    )
+    @OPT
     @subcommands(
         Subcommand("", _devices, "every device (name, capability, memory, bf16) and the session's"),
         Subcommand(
@@ -93,6 +129,14 @@ class DeviceMagics(TopicMagics):
             words="LOADER",
             arity=(1, 1),
         ),
+        Subcommand(
+            "compare",
+            _compare,
+            "time a few training steps of copies of the model on the CPU and each accelerator",
+            words="[MODEL] LOADER",
+            arity=(1, 2),
+            options=("--steps", "--loss", "--opt"),
+        ),
         other=Subcommand(
             "*",
             _set_device,
@@ -107,7 +151,8 @@ class DeviceMagics(TopicMagics):
         set the session's device; move a model with its optimizer state and GradScaler
         (bytes reported, references kept); list tensors not where the model's parameters
         are (unregistered tensor attributes too) with the fix; time pageable vs pinned
-        host-to-device copies of one batch."""
+        host-to-device copies of one batch; time training steps of copies of the model on
+        the CPU and each accelerator (measure before moving)."""
         args = parse(self.device, line)
         self.show(self.dispatch(self.device, args.words, args))
 
@@ -115,8 +160,8 @@ class DeviceMagics(TopicMagics):
     @argument(
         "words",
         nargs="*",
-        metavar="reset | watch on|off | estimate [MODEL]",
-        help="nothing: the memory breakdown; reset, watch on|off or estimate [MODEL]",
+        metavar="reset | watch on|off | estimate [MODEL] | batch [MODEL]",
+        help="nothing: the memory breakdown; reset, watch on|off, estimate or batch [MODEL]",
     )
     @argument(
         "--tracebacks",
@@ -127,7 +172,22 @@ class DeviceMagics(TopicMagics):
         "--input-shape",
         default=None,
         metavar="N,C,H,W",
-        help="with estimate: also measure activations of one forward pass",
+        help="with estimate: the batch's shape, to predict the step's peak; with batch: one "
+        "sample's shape (C,H,W)",
+    )
+    @argument(
+        "--max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with batch: the largest batch size worth considering",
+    )
+    @argument(
+        "--budget",
+        default=None,
+        metavar="SIZE",
+        help="with batch on the CPU: memory for the whole training setup, e.g. 8GiB "
+        "(default: the RAM available)",
     )
     @argument(
         "--optimizer",
@@ -155,13 +215,22 @@ class DeviceMagics(TopicMagics):
             arity=(0, 1),
             options=("--input-shape", "--optimizer"),
         ),
+        Subcommand(
+            "batch",
+            _batch,
+            "the largest batch whose training step fits on the session's device",
+            words="[MODEL]",
+            arity=(0, 1),
+            options=("--input-shape", "--max", "--budget"),
+        ),
     )
     @line_magic
     def gpumem(self, line: str) -> None:
         """Memory in use, reserved, peak and free/total with a breakdown into
         trainable/frozen parameters, gradients, optimizer state and the rest (allocator
         statistics on CUDA, tensor walk and RSS on the CPU); reset the peaks; a one-line
-        memory report after every cell; the bytes a training step will need."""
+        memory report after every cell; the peak a training step will reach; the largest
+        batch whose training step fits."""
         args = parse(self.gpumem, line)
         self.show(self.dispatch(self.gpumem, args.words, args))
 

@@ -11,12 +11,14 @@ from ..core import Session, SessionConfig
 from ..core.surgery.batchnorm import POLICIES
 from .base import TopicMagics
 from .devices import DeviceMagics
+from .models import ModelMagics
 from .session import SessionMagics
 from .surgery import SurgeryMagics
 from .training import TrainingMagics
 
 TOPICS: tuple[type[TopicMagics], ...] = (
     SurgeryMagics,
+    ModelMagics,
     TrainingMagics,
     DeviceMagics,
     SessionMagics,

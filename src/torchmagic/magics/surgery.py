@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
-from ..core.surgery.grammar import parse_lr, parse_weight_decay
+from ..core.surgery.grammar import parse_labels, parse_lr, parse_weight_decay
 from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse
 
 _INT = re.compile(r"^[+-]?\d+$")
@@ -22,6 +22,14 @@ LR = KeyOption(
     "float | float:float",
     "unfreeze_lr_ratio x the head group's lr",
     "base lr of the new groups; A:B spreads A..B geometrically over the blocks",
+)
+LABELS = KeyOption(
+    "labels",
+    "labels=A,B,…",
+    parse_labels,
+    "names",
+    "the model config's own labels, when it has them",
+    "class names for a Hugging Face config's id2label / label2id; N defaults to their count",
 )
 WD = KeyOption(
     "wd",
@@ -118,8 +126,8 @@ class SurgeryMagics(TopicMagics):
     @argument(
         "spec",
         nargs="+",
-        metavar="[TARGET|auto] N",
-        help="where the head is (path, model, or auto) and the number of classes",
+        metavar="[TARGET|auto] N [labels=A,B,…]",
+        help="where the head is (path, model, or auto), the number of classes, class names",
     )
     @argument(
         "--dropout",
@@ -130,6 +138,7 @@ class SurgeryMagics(TopicMagics):
     )
     @OPT
     @DRY_RUN
+    @key_options(LABELS)
     @line_magic
     def replace_head(self, line: str) -> None:
         """Swap the classification head for a fresh Linear (or 1x1 Conv2d) with N outputs
@@ -137,16 +146,26 @@ class SurgeryMagics(TopicMagics):
         new ones train in the old head's group."""
         args = parse(self.replace_head, line)
         with self.refusals(self.replace_head):
-            if len(args.spec) > 2:
+            spec, options = self.split(self.replace_head, args.spec)
+            labels = options.get("labels")
+            if len(spec) > 2 or not spec and labels is None:
                 raise TorchMagicError("one head and one class count", param="spec")
-            where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
-            if not _INT.match(count):
+            if len(spec) == 2 or spec and _INT.match(spec[-1]):
+                where, count = ["auto", *spec] if len(spec) == 1 else spec
+            else:
+                where, count = (spec[0] if spec else "auto"), None
+            if count is None and labels is None:
+                raise TorchMagicError(
+                    f"the class count N is missing after '{where}'", param="num_classes"
+                )
+            if count is not None and not _INT.match(count):
                 raise TorchMagicError(
                     f"N must be a whole number of classes, got '{count}'", param="num_classes"
                 )
             result = self.session.replace_head(
                 where,
-                int(count),
+                None if count is None else int(count),
+                labels=labels,
                 dropout=args.dropout,
                 optimizer=args.optimizer,
                 dry_run=args.dry_run,

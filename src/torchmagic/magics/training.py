@@ -111,12 +111,19 @@ class TrainingMagics(TopicMagics):
         action="store_true",
         help="linear probing: run the frozen backbone once, train the head on its features",
     )
+    @argument(
+        "--sched-step",
+        choices=("batch", "epoch"),
+        default=None,
+        help="step every scheduler per batch or per epoch (default: each one's own)",
+    )
     @OPT
     @line_magic
     def fit(self, line: str):
-        """Train with the model's optimizer, its schedulers (OneCycleLR/CyclicLR per batch,
-        others per epoch, ReduceLROnPlateau on the validation loss) and the %amp policy,
-        with live progress; returns the history and keeps it for %tm fits."""
+        """Train with the model's optimizer, its schedulers (OneCycleLR, CyclicLR, Hugging
+        Face warmups and timm's step_update per batch, others per epoch, ReduceLROnPlateau
+        on the validation loss) and the %amp policy, with live progress; returns the
+        history and keeps it for %tm fits."""
         args = parse(self.fit, line)
         with self.refusals(self.fit):
             if len(args.names) > 2:
@@ -130,6 +137,7 @@ class TrainingMagics(TopicMagics):
                 max_steps=args.max_steps,
                 loss=args.loss,
                 cache_features=args.cache_features,
+                sched_step=args.sched_step,
                 optimizer=args.optimizer,
                 observer=self._progress(),
             )

@@ -11,6 +11,8 @@ from functools import singledispatch
 
 from rich.text import Text
 
+from ..core.devices.batch_size import BatchSizeReport
+from ..core.devices.compare import CompareReport
 from ..core.devices.device import DeviceReport, MoveReport
 from ..core.devices.estimate import Estimate
 from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
@@ -20,7 +22,8 @@ from ..core.diagnostics.doctor import DoctorReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
-from . import chart, device, doctor, memory, progress, surgery, theme, training
+from ..core.zoo import LoadedModel
+from . import chart, compare, device, doctor, memory, progress, surgery, theme, training, zoo
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
 from .progress import FitProgress, NotebookProgress, TerminalProgress
 from .surgery import ManifestHelp, change, history, manifest_help, message, summary
@@ -65,6 +68,9 @@ for _type, _draw in (
     (MemoryReport, memory.memory),
     (ResetReport, memory.reset),
     (Estimate, memory.estimate),
+    (BatchSizeReport, memory.batch_size),
+    (CompareReport, compare.device_compare),
+    (LoadedModel, zoo.loaded_model),
     (CellMemory, _cell_memory),
     (DoctorReport, doctor.doctor),
 ):

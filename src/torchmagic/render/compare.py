@@ -6,10 +6,11 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ..core.devices.compare import CompareReport
+from . import theme
 from .base import Rendered, human_bytes, table
 
 
-def device_compare(report: CompareReport, width: int = 100) -> Rendered:
+def device_compare(report: CompareReport, width: int | None = None) -> Rendered:
     drawn = table(
         f"`{report.model_name}` on one batch of {report.batch_size} "
         f"({human_bytes(report.batch_bytes)})",
@@ -24,15 +25,17 @@ def device_compare(report: CompareReport, width: int = 100) -> Rendered:
     fastest = report.fastest
     for t in report.timings:
         if not t.timed:
-            drawn.add_row(t.device, "", "", "", Text(f"skipped: {t.skipped}", style="dim"))
+            drawn.add_row(
+                t.device, "", "", "", Text(f"skipped: {t.skipped}", style=theme.style("dim"))
+            )
             continue
         best = t.device == fastest and report.runner_up
         drawn.add_row(
-            Text(t.device, style="bold green" if best else ""),
+            Text(t.device, style=theme.style("ok", bold=True) if best else ""),
             f"{t.step_ms:.2f}",
             f"{t.copy_ms:.2f}",
             f"{t.samples_per_s:,.0f}",
-            Text("fastest", style="green") if best else "",
+            Text("fastest", style=theme.style("ok")) if best else "",
         )
     parts: list[RenderableType] = [drawn]
     if report.runner_up:
@@ -48,7 +51,7 @@ def device_compare(report: CompareReport, width: int = 100) -> Rendered:
     parts.append(
         Text(
             "timed on copies: the model, its optimizer and the random state are unchanged",
-            style="dim",
+            style=theme.style("dim"),
         )
     )
     return Rendered(Group(*parts), width)

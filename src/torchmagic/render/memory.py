@@ -6,6 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..core.devices.batch_size import BatchSizeReport
 from ..core.devices.estimate import Estimate, StepPeak
 from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from . import theme
@@ -160,3 +161,39 @@ def cell_line(cell: CellMemory) -> str:
     the cell's own output)."""
     peak = "" if cell.peak is None else f", peak {human_bytes(cell.peak)}"
     return f"[{cell.device}] {_signed(cell.delta)} (now {human_bytes(cell.after)}{peak})"
+
+
+def batch_size(report: BatchSizeReport, width: int | None = None) -> Rendered:
+    """The largest batch that fits, the measured points and the line through them."""
+    if report.batch:
+        why = "max_batch" if report.capped else "memory"
+        head = Text(f"largest batch on {report.device}: {report.batch}", style=theme.style("ok"))
+        head.append(f"  (limited by {why}; found in {report.seconds:.1f} s)", theme.style("dim"))
+    else:
+        head = Text(
+            f"not even a batch of {report.points[0].batch if report.points else 1} fits on "
+            f"{report.device}",
+            style=theme.style("error"),
+        )
+    drawn = _table("measured training steps")
+    for point in report.points:
+        drawn.add_row(f"batch {point.batch}", human_bytes(point.step_bytes), "")
+    drawn.add_row(
+        "fitted line",
+        human_bytes(report.per_sample_bytes),
+        Text(
+            f"per sample, on top of {human_bytes(report.fixed_bytes)}; room for the step: "
+            f"{human_bytes(report.capacity)}",
+            style=theme.style("dim"),
+        ),
+    )
+    if report.confirmed_bytes is not None:
+        drawn.add_row(
+            f"batch {report.batch}",
+            human_bytes(report.confirmed_bytes),
+            Text(
+                "confirmed" + (f" after {report.backoffs} back-offs" if report.backoffs else ""),
+                style=theme.style("dim"),
+            ),
+        )
+    return Rendered(Group(head, drawn), width)

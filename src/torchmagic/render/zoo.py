@@ -6,6 +6,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ..core.zoo import LoadedModel, WeightsInfo
+from . import theme
 from .base import Rendered, human, table
 
 
@@ -32,18 +33,18 @@ def weights_table(info: WeightsInfo):
     return drawn
 
 
-def loaded_model(loaded: LoadedModel, width: int = 100) -> Rendered:
+def loaded_model(loaded: LoadedModel, width: int | None = None) -> Rendered:
     title = Text()
     title.append(f"{loaded.name}", style="bold")
     params = sum(p.numel() for p in loaded.model.parameters())
     title.append(f" ({loaded.source}, {human(params)} parameters) ")
     if loaded.weights is None:
-        title.append("with random weights (weights=None)", style="yellow")
+        title.append("with random weights (weights=None)", style=theme.style("warning"))
     else:
-        title.append("with pretrained weights", style="green")
+        title.append("with pretrained weights", style=theme.style("ok"))
     parts: list[RenderableType] = [title]
     if loaded.info is not None:
         parts.append(weights_table(loaded.info))
     if loaded.preprocess is None and loaded.weights is None:
-        parts.append(Text("no preprocess: normalise the inputs yourself", style="dim"))
+        parts.append(Text("no preprocess: normalise the inputs yourself", style=theme.style("dim")))
     return Rendered(Group(*parts), width)

@@ -189,3 +189,42 @@ def parse_shape(text: str) -> tuple[int, ...]:
             param="input_shape",
         )
     return tuple(int(p) for p in parts)
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, param: str = "budget") -> int:
+    """``8GiB``, ``512MB``, ``1e9``-free plain digits → bytes; never evaluated."""
+    match = _BYTES.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _BYTE_UNITS:
+        raise TorchMagicError(
+            f"{param}={text}: expected a size like 8GiB, 512MiB or 2000000000", param=param
+        )
+    size = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if size <= 0:
+        raise TorchMagicError(f"{param}={text}: a size must be positive", param=param)
+    return size
+
+
+def parse_labels(text: str) -> tuple[str, ...]:
+    """``cat,dog,bird`` → the class names, in order (empty names refused)."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not names or any(not name for name in names):
+        raise TorchMagicError(f"labels={text}: expected names like cat,dog,bird", param="labels")
+    if len(set(names)) != len(names):
+        raise TorchMagicError(f"labels={text}: names must differ", param="labels")
+    return names
