@@ -213,6 +213,9 @@ def test_other_lines_are_left_to_ipython(shell) -> None:
     assert completer.complete("x = 1") is None
     assert completer.complete("%%amp b", first_line=False) is None
     assert completer.complete("%freeze '*.b") == ("'*.b", [])
+    assert completer.complete("freeze lay") == ("lay", [f"layer{i}" for i in range(1, 5)])
+    shell.user_ns["freeze"] = 1  # automagic yields to a variable of that name
+    assert completer.complete("freeze lay") is None
 
 
 # -- the engine, without IPython ----------------------------------------------------
