@@ -10,6 +10,9 @@ from traitlets.config import Configurable
 from ..core import Session, SessionConfig
 from ..core.surgery.batchnorm import POLICIES
 from .base import TopicMagics
+from .completion import MagicCompleter
+from .completion import register as register_completer
+from .completion import unregister as unregister_completer
 from .devices import DeviceMagics
 from .models import ModelMagics
 from .session import SessionMagics
@@ -44,6 +47,8 @@ class TorchMagics(Configurable):
         "scaler", help="User variable that %amp on fp16 binds the session's GradScaler to."
     ).tag(config=True)
 
+    completer: MagicCompleter  # tab completion, while loaded
+
     def __init__(self, shell: InteractiveShell, **kwargs) -> None:
         # the shell as parent: ipython_config.py's TorchMagics section applies
         super().__init__(parent=shell, **kwargs)
@@ -62,11 +67,13 @@ class TorchMagics(Configurable):
         for topic in extension.topics:
             shell.register_magics(topic)
         shell.events.register("post_run_cell", extension._after_cell)
+        extension.completer = register_completer(shell, extension)
         return extension
 
     def unload(self) -> None:
         """Remove every magic, hook and configurable that :meth:`load` added."""
         self.shell.events.unregister("post_run_cell", self._after_cell)
+        unregister_completer(self.shell, self.completer)
         manager = self.shell.magics_manager
         for topic in self.topics:
             topic.close()

@@ -1,0 +1,161 @@
+"""Completion candidates from the live namespace: module paths in the target grammar
+(``layer1``, ``layer1-3``, ``model.features.0-6``) and variables of one kind (models,
+optimizers, loaders of batches, losses).
+
+Runs on every TAB, so it only reads: no forward pass, no copies, no iteration over a
+loader, and at most ``limit`` answers. Text that does not parse yet yields nothing,
+never an error.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Iterator, Mapping
+from itertools import islice
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .devices.estimate import RULES
+from .errors import TorchMagicError
+from .surgery.grammar import parse_target
+from .surgery.selection import resolve
+from .training.data import split_batch
+from .training.fit import LOSSES, resolve_loss
+from .workspace import Workspace
+
+LIMIT = 200
+# A range being typed: `layer1-`, `layer1-1` (towards layer1-12), `0-` on a Sequential.
+_PARTIAL_RANGE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)?(\d+)-(\d*)$")
+_GLOB_OR_QUOTE = frozenset("*?[\"'")
+
+
+def _children(modules: list[nn.Module]) -> list[str]:
+    """Child names every module has (a range's blocks share their layout), in the first
+    one's registration order."""
+    first, *others = modules
+    return [
+        name
+        for name, child in first._modules.items()
+        if child is not None and all(other._modules.get(name) is not None for other in others)
+    ]
+
+
+def module_paths(model: nn.Module, typed: str, limit: int = LIMIT) -> list[str]:
+    """Paths inside ``model`` that complete ``typed`` (relative to it), in registration
+    order: the children of the part before the last dot that start with the last part,
+    or, after ``name<N>-``, the numbered siblings above N (``layer1-`` → ``layer1-2``…)."""
+    if any(c in _GLOB_OR_QUOTE for c in typed):
+        return []
+    parent_text, dot, last = typed.rpartition(".")
+    if dot and not parent_text:
+        return []
+    try:
+        parents = [m for _, m in resolve(model, parse_target(parent_text))] if dot else [model]
+    except TorchMagicError:
+        return []
+    names = _children(parents)
+    stem = parent_text + dot
+    found: Iterator[str]
+    partial = _PARTIAL_RANGE.match(last)
+    if partial and f"{partial.group(1) or ''}{partial.group(2)}" in names:
+        prefix, start, stop = partial.group(1) or "", int(partial.group(2)), partial.group(3)
+        numbers = (name[len(prefix) :] for name in names if name.startswith(prefix))
+        found = (
+            f"{stem}{prefix}{start}-{n}"
+            for n in numbers
+            if n.isdigit() and int(n) > start and n.startswith(stop)
+        )
+    else:
+        found = (stem + name for name in names if name.startswith(last))
+    return list(islice(found, limit))
+
+
+def target_candidates(
+    workspace: Workspace, typed: str, root: str | None = None, limit: int = LIMIT
+) -> list[str]:
+    """Completions of one target as a magic reads it: the first dotted part names a model
+    variable (``model.la`` → ``model.layer1``…) or a child of the current model (or of
+    ``root``, the model the command already names), as in :meth:`Workspace.split_root`."""
+    head, dot, rest = typed.partition(".")
+    if dot:
+        named = workspace.module(head)
+        if named is not None and (root is None or head == root):
+            return [f"{head}.{path}" for path in module_paths(named, rest, limit)]
+    try:
+        _, model = workspace.resolve_model(root)
+    except TorchMagicError:  # no model, or several and none current: names only
+        model = None
+    names = [root] if root is not None else _models(workspace)
+    found = [name for name in names if not dot and name.startswith(typed)]
+    if model is not None:
+        found += module_paths(model, typed, limit)
+    return found[:limit]
+
+
+def _models(workspace: Workspace) -> list[str]:
+    """The workspace's models that have parameters: not a loss or an activation."""
+    return [n for n, m in workspace.models().items() if next(m.parameters(), None) is not None]
+
+
+def is_loader(value: object) -> bool:
+    """A DataLoader, another ``…Loader`` class, or a list / tuple whose first item is an
+    (inputs, targets) batch: judged without iterating."""
+    if isinstance(value, DataLoader):
+        return True
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return False
+        try:
+            split_batch(value[0])
+        except TorchMagicError:
+            return False
+        return True
+    if isinstance(value, (nn.Module, torch.Tensor, Mapping, type, types.ModuleType)):
+        return False
+    kind = type(value)
+    return hasattr(kind, "__iter__") and kind.__name__.endswith("Loader")
+
+
+def _is_loss(name: str, value: object, namespace: Mapping[str, object]) -> bool:
+    if not callable(value) or isinstance(value, type):
+        return False
+    if isinstance(value, nn.Module) and next(value.parameters(), None) is not None:
+        return False  # a model, not a loss
+    try:
+        resolve_loss(name, namespace)
+    except TorchMagicError:
+        return False
+    return True
+
+
+def variables(workspace: Workspace, kind: str, typed: str, limit: int = LIMIT) -> list[str]:
+    """User variables of ``kind`` whose names start with ``typed``: ``"model"`` (models
+    with parameters, not part of another bound model), ``"optimizer"``, ``"loader"`` (see
+    :func:`is_loader`), ``"loss"`` (the built-in names, then callables the loss
+    argument accepts) or ``"optimizer_class"`` (the optimizers an estimate knows)."""
+    if kind == "model":
+        names = _models(workspace)
+    elif kind == "optimizer":
+        names = [name for name, _ in workspace.optimizers()]
+    elif kind == "loader":
+        names = [name for name, value in workspace.items() if is_loader(value)]
+    elif kind == "loss":
+        namespace = workspace.namespace
+        names = list(LOSSES) + [
+            name for name, value in workspace.items() if _is_loss(name, value, namespace)
+        ]
+    elif kind == "optimizer_class":
+        names = sorted(RULES)
+    else:
+        raise ValueError(f"unknown kind of variable {kind!r}")
+    return [name for name in names if name.startswith(typed)][:limit]
+
+
+def cuda_devices() -> list[str]:
+    """``cuda`` and ``cuda:N`` for each visible device; counting them does not
+    initialise CUDA."""
+    count = torch.cuda.device_count()
+    return ["cuda", *(f"cuda:{i}" for i in range(count))] if count else []
