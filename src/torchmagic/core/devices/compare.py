@@ -110,8 +110,11 @@ def _sync(device: torch.device) -> None:
 
 
 def first_batch(source: object) -> Any:
-    """One real batch: ``source`` itself when it is a batch, else the first item of a fresh
-    iteration. A one-shot iterator is refused: taking from it would lose the user's batch."""
+    """One real batch: ``source`` itself when it is a batch, the first of a list of
+    batches, else the first item of a fresh iteration. A one-shot iterator is refused:
+    taking from it would lose the user's batch."""
+    if isinstance(source, (list, tuple)) and source and isinstance(source[0], (list, tuple, dict)):
+        return source[0]  # a list of batches, as %fit takes
     if isinstance(source, (torch.Tensor, list, tuple, dict)):
         return source
     if not isinstance(source, Iterable):
