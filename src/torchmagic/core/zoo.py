@@ -253,7 +253,7 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
         model,
         full,
         "timm",
-        model.pretrained_cfg.get("tag") if pretrained else None,
+        model.pretrained_cfg.get("tag") if pretrained else None,  # type: ignore[operator,union-attr]
         timm.data.create_transform(**config) if pretrained else None,
         categories,
         info,

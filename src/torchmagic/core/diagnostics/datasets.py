@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
 from ..rng import preserved_rng
-from ..training.data import _base_dataset, _transform_parts, load_batch, split_batch
+from ..training.data import base_dataset, load_batch, split_batch, transform_parts
 
 TARGET_ATTRIBUTES = ("targets", "labels", "y")
 IGNORE_INDEX = -100  # cross_entropy's default ignore_index: a legal "no label"
@@ -33,6 +33,7 @@ class Normalization:
 
 def _as_labels(value: object) -> torch.Tensor | None:
     """Class indices as a 1-D integer tensor; None for anything else (one-hot, floats)."""
+    tensor: torch.Tensor | None
     if isinstance(value, torch.Tensor):
         tensor = value
     elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
@@ -68,7 +69,7 @@ def declared_labels(dataset: object) -> torch.Tensor | None:
 
 def declared_classes(dataset: object) -> int | None:
     """How many classes the dataset says it has (its ``classes`` list)."""
-    classes = getattr(_base_dataset(dataset), "classes", None)
+    classes = getattr(base_dataset(dataset), "classes", None)
     if isinstance(classes, (list, tuple, dict)) and classes:
         return len(classes)
     return None
@@ -77,9 +78,9 @@ def declared_classes(dataset: object) -> int | None:
 def normalizations(dataset: object) -> Iterator[Normalization]:
     """Every mean/std normalisation in the dataset's transforms: torchvision's
     ``Normalize`` (v1, v2) and the weights' own presets (``weights.transforms()``)."""
-    base = _base_dataset(dataset)
+    base = base_dataset(dataset)
     for attribute in ("transform", "transforms"):
-        for part in _transform_parts(getattr(base, attribute, None)):
+        for part in transform_parts(getattr(base, attribute, None)):
             mean, std = getattr(part, "mean", None), getattr(part, "std", None)
             if (
                 mean is None
@@ -106,7 +107,7 @@ def peek(loader: object) -> Any | None:
         return None
     dataset: Dataset = loader.dataset
     try:
-        size = len(dataset)  # type: ignore[arg-type]
+        size = len(dataset)  # type: ignore[arg-type]  # map-style datasets usually have one
     except TypeError:
         return None
     if not size:

@@ -62,12 +62,18 @@ class Head:
     @property
     def in_features(self) -> int:
         m = self.module
-        return m.in_features if isinstance(m, nn.Linear) else m.in_channels
+        if isinstance(m, nn.Linear):
+            return m.in_features
+        assert isinstance(m, nn.Conv2d)
+        return m.in_channels
 
     @property
     def out_features(self) -> int:
         m = self.module
-        return m.out_features if isinstance(m, nn.Linear) else m.out_channels
+        if isinstance(m, nn.Linear):
+            return m.out_features
+        assert isinstance(m, nn.Conv2d)
+        return m.out_channels
 
 
 def is_head_layer(module: nn.Module) -> bool:
@@ -411,13 +417,14 @@ def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -
         new = nn.Conv2d(
             old.in_channels,
             num_classes,
-            old.kernel_size,
-            stride=old.stride,
-            padding=old.padding,
-            dilation=old.dilation,
+            old.kernel_size,  # type: ignore[arg-type]  # a Conv2d's own 2-tuples
+            stride=old.stride,  # type: ignore[arg-type]
+            padding=old.padding,  # type: ignore[arg-type]
+            dilation=old.dilation,  # type: ignore[arg-type]
             bias=old.bias is not None,
             padding_mode=old.padding_mode,
-            **factory,
+            device=factory["device"],
+            dtype=factory["dtype"],
         )
     if dropout is not None:
         new = nn.Sequential(nn.Dropout(dropout), new)

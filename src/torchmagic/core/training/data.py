@@ -73,13 +73,14 @@ def split_batch(batch: Any, param: str = "train") -> tuple[Any, torch.Tensor]:
     )
 
 
-def _base_dataset(dataset: Dataset) -> Dataset:
+def base_dataset(dataset: object) -> object:
+    """The dataset under any ``Subset`` wrappers (where ``transform`` and ``classes`` live)."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     return dataset
 
 
-def _transform_parts(transform: Any) -> Iterator[Any]:
+def transform_parts(transform: Any) -> Iterator[Any]:
     stack = [transform]
     while stack:
         t = stack.pop()
@@ -96,10 +97,10 @@ def _transform_parts(transform: Any) -> Iterator[Any]:
 
 def random_transforms(dataset: Dataset) -> list[str]:
     """Names of torchvision random augmentations in the dataset's transforms."""
-    base = _base_dataset(dataset)
+    base = base_dataset(dataset)
     found = []
     for attr in ("transform", "transforms", "target_transform"):
-        for part in _transform_parts(getattr(base, attr, None)):
+        for part in transform_parts(getattr(base, attr, None)):
             cls = type(part)
             if not cls.__module__.startswith("torchvision.transforms"):
                 continue
