@@ -19,7 +19,7 @@ TORCH_INDEX ?=
 
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test test-all test-floor lint bench
+.PHONY: venv demo test test-all test-floor lint bench gpu-check
 
 venv: $(VENV_STAMP)
 
@@ -63,3 +63,8 @@ lint: $(VENV_STAMP)
 
 bench: $(VENV_STAMP)
 	$(PYTHON) bench/surgery.py
+
+# The GPU checks in one table: the `gpu` tests and the GPU sections of bench/memory.py and
+# bench/fit.py (about five minutes on one GPU). Without CUDA it says so and exits 0.
+gpu-check: $(VENV_STAMP)
+	$(PYTHON) tools/gpu_check.py
