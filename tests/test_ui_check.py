@@ -119,6 +119,12 @@ def test_a_cell_that_did_not_run_fails():
     assert any("did not run" in f for f in combo.failures)
 
 
+def test_a_cell_still_queued_when_time_ran_out_says_so():
+    queued = {**_cell("%fit train_loader", count=None), "prompt": "[*]:"}
+    combo = _judge(_page(queued))
+    assert combo.failures == ["cell 1 `%fit train_loader`: still queued or running at --timeout"]
+
+
 @pytest.mark.parametrize(
     ("output_type", "mime", "text", "is_error"),
     [

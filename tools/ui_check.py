@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "ui", help="screenshots")
     parser.add_argument(
-        "--timeout", type=int, default=900, help="seconds one notebook may take to run"
+        "--timeout", type=int, default=1800, help="seconds one notebook may take to run"
     )
     parser.add_argument(
         "--min-contrast",
@@ -229,7 +229,8 @@ def judge(page: dict[str, Any], combo: Combo, min_contrast: float) -> None:
             continue
         code_number += 1
         where = f"cell {code_number} `{_snippet(cell['source'].splitlines()[0], 40)}`"
-        combo.check(cell["executionCount"] is not None, f"{where}: did not run ({cell['prompt']})")
+        unran = "still queued or running at --timeout" if "*" in cell["prompt"] else "did not run"
+        combo.check(cell["executionCount"] is not None, f"{where}: {unran}")
         for output in cell["outputs"]:
             combo.check(
                 not is_error_output(output), f"{where}: error output: {_snippet(output['text'])}"
