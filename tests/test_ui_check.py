@@ -122,7 +122,7 @@ def test_a_cell_that_did_not_run_fails():
 def test_a_cell_still_queued_when_time_ran_out_says_so():
     queued = {**_cell("%fit train_loader", count=None), "prompt": "[*]:"}
     combo = _judge(_page(queued))
-    assert combo.failures == ["cell 1 `%fit train_loader`: still queued or running at --timeout"]
+    assert combo.failures[0] == "cell 1 `%fit train_loader`: still queued or running at --timeout"
 
 
 @pytest.mark.parametrize(
