@@ -319,16 +319,11 @@ def _write_settings(settings_dir: Path, theme: str) -> None:
 
 
 def _write_kernelspec(data_dir: Path) -> None:
-    """``python3`` = this interpreter (the project venv) with the worktree's src/ first."""
+    """``python3`` = this interpreter (the project venv); PYTHONPATH comes from the server."""
     spec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python 3 (torchmagic ui-check)",
         "language": "python",
-        "env": {
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])
-            )
-        },
     }
     folder = data_dir / "kernels" / "python3"
     folder.mkdir(parents=True)
@@ -352,7 +347,7 @@ def jupyterlab(scratch: Path, theme: str, log: Path) -> Iterator[LabServer]:
     """A private JupyterLab serving the repository, as long as the ``with`` lasts."""
     token, port = secrets.token_hex(16), _free_port()
     env = dict(os.environ)
-    for name in ("config", "data", "runtime", "settings", "workspaces"):
+    for name in ("config", "data", "runtime", "settings", "workspaces", "checkpoints"):
         (scratch / name).mkdir()
     env.update(
         JUPYTER_CONFIG_DIR=str(scratch / "config"),
@@ -361,6 +356,8 @@ def jupyterlab(scratch: Path, theme: str, log: Path) -> Iterator[LabServer]:
         JUPYTERLAB_SETTINGS_DIR=str(scratch / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"),
         JUPYTER_PLATFORM_DIRS="1",
+        JUPYTER_PREFER_ENV_PATH="0",  # our kernelspec, not the venv's own python3
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")])),
         TORCH_HOME=env.get("TORCH_HOME", str(ROOT / "build" / "torch_home")),
     )
     _write_settings(scratch / "settings", theme)
@@ -377,6 +374,7 @@ def jupyterlab(scratch: Path, theme: str, log: Path) -> Iterator[LabServer]:
         "--LabApp.expose_app_in_browser=True",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        f"--FileCheckpoints.root_dir={scratch / 'checkpoints'}",  # no .ipynb_checkpoints/ here
         "--LabApp.extension_manager=readonly",
         "--ServerApp.terminals_enabled=False",
     ]
