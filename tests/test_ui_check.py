@@ -172,6 +172,16 @@ def test_translucent_text_is_blended_into_its_background():
     assert 1.0 < half < ui.contrast_ratio("rgb(0, 0, 0)", "rgb(255, 255, 255)")
 
 
+def test_parse_css_color_reads_srgb_colour_functions_as_color_mix_yields():
+    assert ui.parse_css_color("color(srgb 1 0.5 0 / 0.5)") == (255.0, 127.5, 0.0, 0.5)
+
+
+def test_an_unreadable_colour_is_a_finding_not_a_crash():
+    odd = [{"color": "oklch(0.5 0.1 30)", "background": "rgb(0, 0, 0)", "sample": "x"}]
+    combo = _judge(_page(_cell("%summary", _html(colours=odd))))
+    assert any("not a computed colour" in f for f in combo.failures)
+
+
 def test_parse_css_color_rejects_what_it_cannot_read():
     with pytest.raises(ValueError):
         ui.parse_css_color("color(display-p3 1 0 0)")

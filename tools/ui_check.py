@@ -171,14 +171,23 @@ def is_error_output(output: dict[str, Any]) -> bool:
 _RGB = re.compile(r"rgba?\(\s*([\d.]+)[,\s]+([\d.]+)[,\s]+([\d.]+)(?:\s*[,/]\s*([\d.]+%?))?\s*\)")
 
 
+_SRGB = re.compile(r"color\(srgb\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)(?:\s*/\s*([\d.]+%?))?\s*\)")
+
+
+def _alpha(text: str | None) -> float:
+    return 1.0 if text is None else float(text[:-1]) / 100 if text.endswith("%") else float(text)
+
+
 def parse_css_color(text: str) -> tuple[float, float, float, float]:
-    """``rgb(r, g, b)`` / ``rgba(r, g, b, a)`` as computed styles report them."""
-    match = _RGB.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"not a computed colour: {text!r}")
-    r, g, b, a = match.groups()
-    alpha = 1.0 if a is None else float(a[:-1]) / 100 if a.endswith("%") else float(a)
-    return float(r), float(g), float(b), alpha
+    """``rgb()``/``rgba()`` (0-255) or ``color(srgb …)`` (0-1) as computed styles report them."""
+    text = text.strip()
+    if match := _RGB.fullmatch(text):
+        r, g, b, a = match.groups()
+        return float(r), float(g), float(b), _alpha(a)
+    if match := _SRGB.fullmatch(text):
+        r, g, b, a = match.groups()
+        return float(r) * 255, float(g) * 255, float(b) * 255, _alpha(a)
+    raise ValueError(f"not a computed colour: {text!r}")
 
 
 def _luminance(rgb: Sequence[float]) -> float:
@@ -251,7 +260,11 @@ def judge(page: dict[str, Any], combo: Combo, min_contrast: float) -> None:
                 )
             if min_contrast > 0:
                 for pair in output["colours"]:
-                    ratio = contrast_ratio(pair["color"], pair["background"])
+                    try:
+                        ratio = contrast_ratio(pair["color"], pair["background"])
+                    except ValueError as exc:
+                        combo.check(False, f"{where}: {exc}")
+                        continue
                     combo.check(
                         ratio >= min_contrast,
                         f"{where}: contrast {ratio:.1f}:1 for {pair['color']} on "

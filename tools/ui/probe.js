@@ -53,13 +53,24 @@
     return lines;
   }
 
+  // Any CSS colour (color(srgb …), color-mix results, names) as "rgba(r, g, b, a)".
+  const canvas = document.createElement("canvas").getContext("2d", { willReadFrequently: true });
+  function rgba(css) {
+    canvas.clearRect(0, 0, 1, 1);
+    canvas.fillStyle = "#000";
+    canvas.fillStyle = css;
+    canvas.fillRect(0, 0, 1, 1);
+    const [r, g, b, a] = canvas.getImageData(0, 0, 1, 1).data;
+    return `rgba(${r}, ${g}, ${b}, ${(a / 255).toFixed(3)})`;
+  }
+
   // The colour a text's background really has: the first opaque ancestor background.
   function backgroundOf(element) {
     for (let e = element; e; e = e.parentElement) {
-      const bg = getComputedStyle(e).backgroundColor;
-      if (bg && bg !== "transparent" && !/rgba\([^)]*,\s*0\)$/.test(bg)) return bg;
+      const bg = rgba(getComputedStyle(e).backgroundColor);
+      if (!bg.endsWith(", 0.000)")) return bg;
     }
-    return "rgb(255, 255, 255)";
+    return "rgba(255, 255, 255, 1.000)";
   }
 
   // Distinct (colour, background) pairs of the visible text in an output, with a sample.
@@ -70,7 +81,7 @@
       const sample = node.data.trim();
       const element = node.parentElement;
       if (!sample || !element || !element.getClientRects().length) continue;
-      const color = getComputedStyle(element).color;
+      const color = rgba(getComputedStyle(element).color);
       const background = backgroundOf(element);
       const key = color + "|" + background;
       if (!seen.has(key)) seen.set(key, { color, background, sample: sample.slice(0, 40) });
