@@ -1,0 +1,125 @@
+// Reads the current JupyterLab notebook from the page for tools/ui_check.py.
+// Needs JupyterLab started with --LabApp.expose_app_in_browser=True (window.jupyterapp).
+// Returns plain data only; every judgement (wrapping, contrast, errors) is made in Python.
+(options) => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const maxText = options.maxText;
+
+  // The Range covering characters [start, end) of the concatenated text nodes of `root`.
+  function rangeOf(textNodes, start, end) {
+    const range = document.createRange();
+    let startSet = false;
+    for (const { node, offset } of textNodes) {
+      const length = node.data.length;
+      if (!startSet && start < offset + length) {
+        range.setStart(node, start - offset);
+        startSet = true;
+      }
+      if (startSet && end <= offset + length) {
+        range.setEnd(node, end - offset);
+        return range;
+      }
+    }
+    return null;
+  }
+
+  // Each text line of a <pre> with the vertical extent of every box it renders into.
+  function preLines(pre) {
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    const textNodes = [];
+    let total = 0;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.data.length) {
+        textNodes.push({ node, offset: total });
+        total += node.data.length;
+      }
+    }
+    const text = textNodes.map(({ node }) => node.data).join("");
+    const lines = [];
+    let start = 0;
+    for (const line of text.split("\n")) {
+      const end = start + line.length;
+      if (line.trim()) {
+        const range = rangeOf(textNodes, start, end);
+        const boxes = range
+          ? Array.from(range.getClientRects())
+              .filter((r) => r.width > 0 && r.height > 0)
+              .map((r) => [r.top, r.bottom])
+          : [];
+        lines.push({ text: line, boxes });
+      }
+      start = end + 1;
+    }
+    return lines;
+  }
+
+  // Any CSS colour (color(srgb …), color-mix results, names) as "rgba(r, g, b, a)".
+  const canvas = document.createElement("canvas").getContext("2d", { willReadFrequently: true });
+  function rgba(css) {
+    canvas.clearRect(0, 0, 1, 1);
+    canvas.fillStyle = "#000";
+    canvas.fillStyle = css;
+    canvas.fillRect(0, 0, 1, 1);
+    const [r, g, b, a] = canvas.getImageData(0, 0, 1, 1).data;
+    return `rgba(${r}, ${g}, ${b}, ${(a / 255).toFixed(3)})`;
+  }
+
+  // The colour a text's background really has: the first opaque ancestor background.
+  function backgroundOf(element) {
+    for (let e = element; e; e = e.parentElement) {
+      const bg = rgba(getComputedStyle(e).backgroundColor);
+      if (!bg.endsWith(", 0.000)")) return bg;
+    }
+    return "rgba(255, 255, 255, 1.000)";
+  }
+
+  // Distinct (colour, background) pairs of the visible text in an output, with a sample.
+  function colours(root) {
+    const seen = new Map();
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const sample = node.data.trim();
+      const element = node.parentElement;
+      if (!sample || !element || !element.getClientRects().length) continue;
+      const color = rgba(getComputedStyle(element).color);
+      const background = backgroundOf(element);
+      const key = color + "|" + background;
+      if (!seen.has(key)) seen.set(key, { color, background, sample: sample.slice(0, 40) });
+    }
+    return Array.from(seen.values());
+  }
+
+  const cells = panel.content.widgets.map((cell, index) => {
+    cell.node.setAttribute("data-tm-cell", String(index));
+    const model = cell.model;
+    const result = {
+      index,
+      type: model.type,
+      source: model.sharedModel.getSource(),
+      executionCount: model.type === "code" ? model.executionCount : null,
+      prompt: (cell.node.querySelector(".jp-InputPrompt") || {}).textContent || "",
+      outputs: [],
+    };
+    if (model.type !== "code") return result;
+    const children = cell.node.querySelectorAll(".jp-OutputArea-child");
+    for (let i = 0; i < model.outputs.length; i++) {
+      const json = model.outputs.get(i).toJSON();
+      const node = children[i] ? children[i].querySelector(".jp-OutputArea-output") : null;
+      const rendered = node ? node.querySelector("[data-mime-type]") || node : null;
+      result.outputs.push({
+        outputType: json.output_type,
+        mimeType: rendered ? rendered.getAttribute("data-mime-type") || "" : "",
+        text: node ? node.innerText.slice(0, maxText) : "",
+        present: !!node && node.getClientRects().length > 0,
+        pres: node ? Array.from(node.querySelectorAll("pre")).map(preLines) : [],
+        colours: node && options.colours ? colours(node) : [],
+      });
+    }
+    return result;
+  });
+  return {
+    theme: document.body.dataset.jpThemeName || "",
+    kernel: panel.sessionContext.session?.kernel?.status || "none",
+    cells,
+  };
+}
