@@ -19,7 +19,7 @@ TORCH_INDEX ?=
 
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test test-all test-floor lint bench gpu-check
+.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check
 
 venv: $(VENV_STAMP)
 
@@ -68,3 +68,13 @@ bench: $(VENV_STAMP)
 # bench/fit.py (about five minutes on one GPU). Without CUDA it says so and exits 0.
 gpu-check: $(VENV_STAMP)
 	$(PYTHON) tools/gpu_check.py
+
+# A real-browser look at the notebooks (JupyterLab + headless Debian Chromium, light and dark,
+# 1400 and 900 px); not part of `make test`. Installs jupyterlab and playwright into .venv
+# and Debian's chromium when missing (never Playwright's own browser download).
+UI_CHECK_ARGS ?=
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ui-check: $(VENV_STAMP)
+	$(PYTHON) -c "import jupyterlab, playwright" 2>/dev/null || .venv/bin/pip install -q 'jupyterlab>=4' 'playwright>=1.40'
+	test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+	$(PYTHON) tools/ui_check.py $(UI_CHECK_ARGS)
