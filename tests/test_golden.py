@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from torchmagic import Session, render
+from torchmagic.core.devices.batch_size import BatchPoint, BatchSizeReport
+from torchmagic.core.devices.compare import CompareReport, DeviceTiming
 from torchmagic.core.devices.device import DeviceInfo, DeviceReport, MoveReport
 from torchmagic.core.devices.estimate import Estimate, StepPeak
 from torchmagic.core.devices.memory import CellMemory, MemoryReport, ResetReport
@@ -39,6 +41,7 @@ from torchmagic.core.surgery.results import (
 )
 from torchmagic.core.training.amp import AmpStatus
 from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.core.zoo import LoadedModel, WeightsInfo
 from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -473,6 +476,70 @@ CASES: dict[str, Callable[[], object]] = {
     "estimate_unknown": _estimate_unknown,
     "doctor": _doctor,
     "doctor_clean": lambda: DoctorReport((), ()),
+    "batch_size": lambda: BatchSizeReport(
+        "cuda:0",
+        184,
+        60_000_000_000,
+        1_200_000_000,
+        310_000_000,
+        (BatchPoint(2, 1_820_000_000), BatchPoint(4, 2_440_000_000), BatchPoint(8, 3_680_000_000)),
+        58_400_000_000,
+        1,
+        False,
+        3.2,
+    ),
+    "batch_size_none": lambda: BatchSizeReport(
+        "cpu", 0, 1_000_000, 900_000, 500_000, (BatchPoint(2, 1_900_000),), None, 0, False, 0.4
+    ),
+    "compare": lambda: CompareReport(
+        "model",
+        64,
+        38_535_168,
+        5,
+        2,
+        "AdamW",
+        (
+            DeviceTiming("cpu", 412.5, 0.0, 155.2),
+            DeviceTiming("cuda:0", 21.4, 6.1, 2990.7),
+            DeviceTiming("cuda:1", skipped="not enough free memory for a copy"),
+        ),
+        ("cuda:0", "cuda:1"),
+        "",
+    ),
+    "compare_cpu_only": lambda: CompareReport(
+        "model",
+        32,
+        393_216,
+        5,
+        2,
+        "SGD",
+        (DeviceTiming("cpu", 12.0, 0.0, 2666.7),),
+        (),
+        "no CUDA or MPS device: torch.cuda.is_available() is False",
+    ),
+    "loaded_model": lambda: LoadedModel(
+        torch.nn.Linear(4, 2),
+        "resnet18",
+        "torchvision",
+        "ResNet18_Weights.IMAGENET1K_V1",
+        None,
+        ("tench", "goldfish"),
+        WeightsInfo(
+            "ResNet18_Weights.IMAGENET1K_V1",
+            "torchvision",
+            11_689_512,
+            (("ImageNet-1K", "acc@1", 69.758), ("ImageNet-1K", "acc@5", 89.078)),
+            224,
+            256,
+            (0.485, 0.456, 0.406),
+            (0.229, 0.224, 0.225),
+            1000,
+            44.7,
+        ),
+    ),
+    "loaded_model_random": lambda: LoadedModel(
+        torch.nn.Linear(4, 2), "resnet18", "torchvision", None, None, None, None
+    ),
 }
 
 

@@ -192,7 +192,12 @@ def batch_size(report: BatchSizeReport, width: int | None = None) -> Rendered:
             f"batch {report.batch}",
             human_bytes(report.confirmed_bytes),
             Text(
-                "confirmed" + (f" after {report.backoffs} back-offs" if report.backoffs else ""),
+                "confirmed"
+                + (
+                    f" after {report.backoffs} back-off{'s' if report.backoffs != 1 else ''}"
+                    if report.backoffs
+                    else ""
+                ),
                 style=theme.style("dim"),
             ),
         )
