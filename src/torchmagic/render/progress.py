@@ -13,37 +13,19 @@ Nothing is drawn before the loop's first event, so a %fit refused up front leave
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from ..core.training.fit import EpochMetrics, StepInfo
+from ..core.training.fit import EpochMetrics, FitStart, StepInfo
 from . import theme
 from .base import Rendered, human
 from .training import epoch_table, group_names, lr_text
 
 BAR_WIDTH = 30
-
-
-class ScheduleLike(Protocol):
-    name: str
-    every: str
-    reason: str
-
-
-class RunStart(Protocol):
-    """What the loop announces before the first step (its ``FitStart``)."""
-
-    label: str
-    model_name: str
-    epochs: int
-    max_steps: int | None
-    precision: str
-    cached_features: bool
-    schedules: Sequence[ScheduleLike]
 
 
 def clock_text(seconds: float) -> str:
@@ -53,7 +35,7 @@ def clock_text(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def _start_text(start: RunStart) -> str:
+def _start_text(start: FitStart) -> str:
     """The run's first line: what trains, and when each scheduler steps."""
     schedules = ", ".join(f"{c.name} per {c.every} ({c.reason})" for c in start.schedules)
     return (
@@ -81,14 +63,14 @@ class FitProgress:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.started = self.epoch_started = clock()
-        self.start: RunStart | None = None
+        self.start: FitStart | None = None
         self.last: StepInfo | None = None
         self.validating: tuple[int, int | None] | None = None  # (epoch, batches)
         self.epochs: list[EpochMetrics] = []
 
     # -- events --------------------------------------------------------------------
 
-    def on_start(self, start: RunStart) -> None:
+    def on_start(self, start: FitStart) -> None:
         self.start = start
         self.started = self.epoch_started = self.clock()
 
@@ -199,7 +181,7 @@ class NotebookProgress:
         else:
             self.handle.update(drawn)
 
-    def on_start(self, start: RunStart) -> None:
+    def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)
         self._draw(self.state.view())
 
@@ -251,7 +233,7 @@ class TerminalProgress:
             self.running = True
         self.live.update(self.state.view(), refresh=True)
 
-    def on_start(self, start: RunStart) -> None:
+    def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)
         self._draw()
 

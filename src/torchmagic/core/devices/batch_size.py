@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 from ..errors import TorchMagicError
 from ..modules import unwrap
 from ..tensors import state_tensors, total_bytes
+from ..training.amp import scaled_step
 from . import hostmem
 from .estimate import _LiveBytes, step_peak
 from .placement import reference_device
@@ -117,16 +118,11 @@ def _train_step(
         floats = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
         loss = torch.stack([t.float().sum() for t in floats]).sum() if floats else None
     del out, floats
-    if loss is not None:
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-    del loss
     if optimizer is not None:
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        scaled_step(loss, optimizer, scaler)
+    elif loss is not None:
+        loss.backward()
+    del loss
     model.zero_grad(set_to_none=True)
 
 

@@ -128,17 +128,28 @@ class AmpController:
         any parameter of the optimizer) the scaler is skipped: ``GradScaler.step`` refuses
         an optimizer without recorded inf checks.
         """
-        scaler = self.scaler if self.enabled else None
+        return scaled_step(loss, optimizer, self.scaler if self.enabled else None)
+
+
+def scaled_step(
+    loss: torch.Tensor | None,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+) -> bool:
+    """(scaled) backward → (unscale) step → scaler update → zero_grad; returns whether the
+    optimizer stepped (not when no gradient reached it: ``GradScaler.step`` refuses an
+    optimizer without recorded inf checks). ``loss`` None: nothing to backpropagate."""
+    if loss is not None:
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        has_grads = any(p.grad is not None for p in optimizer_params(optimizer))
-        if has_grads:
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return has_grads
+    has_grads = any(p.grad is not None for p in optimizer_params(optimizer))
+    if has_grads:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return has_grads
 
 
 @contextmanager
