@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from rich.console import Group
 from rich.text import Text
 
 from ..core.devices.device import DeviceReport, MoveReport
@@ -20,7 +21,9 @@ from ..core.diagnostics.doctor import DoctorReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
-from . import device, doctor, memory, surgery, training
+from ..core.training.lr_find import LrFindResult
+from ..core.training.recipe import FineTuneResult
+from . import device, doctor, lr_find, memory, surgery, training
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
 from .surgery import ManifestHelp, change, history, manifest_help, message, summary
 from .training import (
@@ -52,6 +55,14 @@ def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
     return surgery.manifest_help(result.manifest, width)
 
 
+def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
+    """The recipe's commands in order, then its two runs side by side (with the chart)."""
+    steps = [result.freeze, result.unfreeze]
+    parts = [surgery.change(c, width).renderable for c in steps if c is not None]
+    runs = [h for h in (result.head_fit, result.full_fit) if h is not None]
+    return training.HistoryView(Group(*parts, training.fits(runs, width).renderable), runs, width)
+
+
 def _cell_memory(result: CellMemory, width: int | None = None) -> Rendered:
     return Rendered(Text(memory.cell_line(result)), width)
 
@@ -74,6 +85,8 @@ for _type, _draw in (
     (Estimate, memory.estimate),
     (CellMemory, _cell_memory),
     (DoctorReport, doctor.doctor),
+    (LrFindResult, lr_find.lr_find),
+    (FineTuneResult, _fine_tune),
 ):
     render.register(_type, _draw)
 

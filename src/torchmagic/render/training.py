@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import EpochMetrics, FitHistory, FitStart, StepInfo
+from ..core.training.progressive import Unfrozen
 from .base import DEFAULT_WIDTH, Rendered, human, lr, table
 
 
@@ -54,7 +55,12 @@ def _step_text(info: StepInfo) -> str:
     return (
         f"epoch {info.epoch}/{info.epochs} · step {info.step} · batch {info.batch}{batches}"
         f" · {human(info.samples_per_s)} samples/s · loss {info.loss:.4g} · lr {_lrs(info.lrs)}"
+        + ("" if info.data_wait is None else f" · data wait {100 * info.data_wait:.0f} %")
     )
+
+
+def _unfrozen_text(event: Unfrozen) -> str:
+    return f"unfroze {event.block} after epoch {event.epoch} at base lr {lr(event.base_lr)}"
 
 
 def _start_text(start: FitStart) -> str:
@@ -87,6 +93,7 @@ class NotebookProgress:
         self.start: FitStart | None = None
         self.last: StepInfo | None = None
         self.epochs: list[EpochMetrics] = []
+        self.unfrozen: list[Unfrozen] = []
         self.handle = show(self._rendered())
 
     def _rendered(self) -> Rendered:
@@ -99,6 +106,7 @@ class NotebookProgress:
             parts.append(Text("starting…", style="dim"))
         if self.epochs:
             parts.append(_epoch_table(self.epochs))
+        parts.extend(Text(_unfrozen_text(e), style="cyan") for e in self.unfrozen)
         return Rendered(Group(*parts), self.width)
 
     def on_start(self, start: FitStart) -> None:
@@ -111,6 +119,10 @@ class NotebookProgress:
 
     def on_epoch(self, metrics: EpochMetrics) -> None:
         self.epochs.append(metrics)
+        self.handle.update(self._rendered())
+
+    def on_unfreeze(self, event: Unfrozen) -> None:
+        self.unfrozen.append(event)
         self.handle.update(self._rendered())
 
     def close(self) -> None:
@@ -160,6 +172,9 @@ class TerminalProgress:
             f"{metrics.seconds:.1f} s"
         )
 
+    def on_unfreeze(self, event: Unfrozen) -> None:
+        self.console.print(_unfrozen_text(event))
+
     def close(self) -> None:
         if self.task is not None:
             self.progress.stop()
@@ -190,6 +205,18 @@ def _chart(histories: Sequence[FitHistory]) -> str:
             )
         if any(m.val_accuracy is not None for m in h.epochs):
             acc_ax.plot(xs, [m.val_accuracy for m in h.epochs], marker="o", label=h.label)
+        for event in h.unfreezes:  # the block trains from the next epoch on
+            for ax in (loss_ax, acc_ax):
+                ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color="#888888")
+            loss_ax.annotate(
+                event.block,
+                (event.epoch + 0.5, 1),
+                xycoords=("data", "axes fraction"),
+                fontsize=6,
+                rotation=90,
+                va="top",
+                ha="right",
+            )
     loss_ax.set_title("loss", fontsize=9)
     acc_ax.set_title("val accuracy", fontsize=9)
     for ax in (loss_ax, acc_ax):
@@ -243,9 +270,14 @@ def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
         + f" · {history.steps} steps · {human(history.samples_per_s)} samples/s"
         + f" · {history.seconds:.1f} s"
     )
-    return HistoryView(
-        Group(_epoch_table(history.epochs, title), _ending(history)), [history], width
-    )
+    if history.data_wait_share is not None:
+        title += f" · data wait {100 * history.data_wait_share:.0f} %"
+    parts: list[RenderableType] = [_epoch_table(history.epochs, title)]
+    parts.extend(Text(_unfrozen_text(e), style="cyan") for e in history.unfreezes)
+    if history.best_epoch is not None:
+        parts.append(Text(f"weights of the best epoch ({history.best_epoch}) kept"))
+    parts.append(_ending(history))
+    return HistoryView(Group(*parts), [history], width)
 
 
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
