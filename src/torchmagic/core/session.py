@@ -575,8 +575,10 @@ class Session:
         for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
-        if lr is not None:
-            check_positive(lr, "lr")
+        if lr is not None and not (
+            isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
+        ):
+            raise TorchMagicError(f"lr must be a positive number, got {lr!r}", param="lr")
         target, plan = self._fit_plan(
             train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
         )
