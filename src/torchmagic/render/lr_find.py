@@ -41,7 +41,7 @@ def chart_svg(result: LrFindResult) -> str:
     if result.falling is not None:
         ax.axvspan(*result.falling, color=_SMOOTH, alpha=0.12, label="loss falls")
     if result.suggestion is not None:
-        at = result.lrs.index(result.suggestion)
+        at = min(range(len(result.lrs)), key=lambda i: abs(result.lrs[i] - result.suggestion))
         ax.plot(
             [result.suggestion],
             [result.smoothed[at]],
