@@ -40,14 +40,15 @@ def chart_svg(result: LrFindResult) -> str:
     ax.plot(result.lrs, result.smoothed, color=_SMOOTH, linewidth=1.6, label="smoothed")
     if result.falling is not None:
         ax.axvspan(*result.falling, color=_SMOOTH, alpha=0.12, label="loss falls")
-    if result.suggestion is not None:
-        at = min(range(len(result.lrs)), key=lambda i: abs(result.lrs[i] - result.suggestion))
+    suggestion = result.suggestion
+    if suggestion is not None:
+        at = min(range(len(result.lrs)), key=lambda i: abs(result.lrs[i] - suggestion))
         ax.plot(
-            [result.suggestion],
+            [suggestion],
             [result.smoothed[at]],
             "o",
             color=_MARK,
-            label=f"suggestion {lr(result.suggestion)}",
+            label=f"suggestion {lr(suggestion)}",
         )
     ax.set_xscale("log")
     if result.smoothed[0] > 0:  # the divergence at the end goes off the top

@@ -130,9 +130,9 @@ class _TrainingState:
         with torch.no_grad():
             for live, saved in self.tensors:
                 live.copy_(saved)
-            for p, grad, saved in self.grads:
-                if grad is not None:
-                    grad.copy_(saved)
+            for p, grad, grad_copy in self.grads:
+                if grad is not None and grad_copy is not None:
+                    grad.copy_(grad_copy)
                 p.grad = grad
             state = self.optimizer.state
             state.clear()
@@ -140,9 +140,9 @@ class _TrainingState:
                 for key, value in values.items():
                     entries[key].copy_(value)
                 state[p] = entries
-        for group, saved in zip(self.optimizer.param_groups, self.groups, strict=True):
+        for group, hyper in zip(self.optimizer.param_groups, self.groups, strict=True):
             group.clear()
-            group.update(saved)
+            group.update(hyper)
         if self.opt_called is _MISSING:
             self.optimizer.__dict__.pop("_opt_called", None)
         else:
