@@ -41,6 +41,9 @@ from torchmagic.core.surgery.results import (
 )
 from torchmagic.core.training.amp import AmpStatus
 from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
+from torchmagic.core.training.progressive import Unfrozen
+from torchmagic.core.training.recipe import FineTuneResult
 from torchmagic.core.zoo import LoadedModel, WeightsInfo
 from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
 
@@ -428,6 +431,50 @@ PROGRESS = {
 }
 
 
+def _lr_find(suggestion: float | None = 3e-3) -> LrFindResult:
+    lrs = tuple(1e-5 * 10 ** (i / 4) for i in range(17))
+    losses = tuple(1.6 - 0.1 * min(i, 12) + (0.5 if i > 14 else 0.0) for i in range(17))
+    return LrFindResult(
+        "model",
+        lrs,
+        losses,
+        losses,
+        suggestion,
+        STEEPEST,
+        None if suggestion is None else (1e-4, 1e-2),
+        1,
+        "fc",
+        (0.1, 1.0),
+        1e-5,
+        10.0,
+        100,
+        stopped="the smoothed loss passed 4× its minimum at lr 0.1",
+    )
+
+
+def _progressive() -> FitHistory:
+    history = _fit()
+    return FitHistory(
+        history.label,
+        history.model_name,
+        history.epochs,
+        history.steps,
+        history.samples,
+        history.seconds,
+        precision="bf16",
+        unfreezes=(Unfrozen(1, "layer4", 3e-4),),
+        best_epoch=2,
+        data_wait_s=2.2,
+        wall_s=3.6,
+    )
+
+
+def _fine_tune() -> FineTuneResult:
+    return FineTuneResult(
+        "model", 1e-3, ("conv1", "layer1", "fc"), _freeze_live(), _fit(), None, None
+    )
+
+
 CASES: dict[str, Callable[[], object]] = {
     "change_freeze": _freeze_live,
     "change_dry_run": _dry_run_live,
@@ -540,6 +587,10 @@ CASES: dict[str, Callable[[], object]] = {
     "loaded_model_random": lambda: LoadedModel(
         torch.nn.Linear(4, 2), "resnet18", "torchvision", None, None, None, None
     ),
+    "lr_find": _lr_find,
+    "lr_find_no_suggestion": lambda: _lr_find(None),
+    "fit_history_progressive": _progressive,
+    "fine_tune": _fine_tune,
 }
 
 

@@ -40,7 +40,8 @@ from .diagnostics.compiled import CompileWatch
 from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
-from .surgery import edits, scheduler_sync
+from .surgery import edits, heads, scheduler_sync
+from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
 from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
@@ -50,8 +51,18 @@ from .surgery.selection import resolve, select
 from .surgery.summary import summarize
 from .surgery.transaction import Transaction
 from .training.amp import AmpController, AmpStatus, cell_autocast
-from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
+from .training.fit import (
+    FitHistory,
+    FitObserver,
+    FitPlan,
+    StopReason,
+    check_plan,
+    resolve_loss,
+)
 from .training.fit import fit as run_fit
+from .training.lr_find import LrFindResult, check_range, find_lr
+from .training.progressive import Monitor, Pacing, check_pacing
+from .training.recipe import FineTuneResult, fine_tune_blocks
 from .training.schedule_steps import SchedStep
 from .workspace import Workspace
 from .zoo import LoadedModel
@@ -563,24 +574,18 @@ class Session:
             )
         return value
 
-    def fit(
+    def _fit_plan(
         self,
         train: object,
         *,
-        model: str | None = None,
-        val: object | None = None,
-        epochs: int = 1,
-        max_steps: int | None = None,
-        loss: str = "cross_entropy",
-        cache_features: bool = False,
-        optimizer: str | None = None,
-        observer: FitObserver | None = None,
-        sched_step: SchedStep | None = None,
-    ) -> FitHistory:
-        """Train the (current) model on ``train`` with its optimizer, its schedulers and
-        the AMP policy; returns the history, which the session also keeps in ``fits``.
-        ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
-        instead of each one's own (see ``core.training.schedule_steps``)."""
+        model: str | None,
+        val: object | None,
+        loss: str,
+        optimizer: str | None,
+        label: str,
+    ) -> tuple[edits.BoundModel, FitPlan]:
+        """The bound model and a plan to train it: its optimizer and schedulers, the
+        session's device, AMP policy and the loss. Refuses before anything changes."""
         name, module = self.workspace.resolve_model(model)
         target = self._target(name, module, optimizer)
         if target.optimizer is None:
@@ -610,18 +615,222 @@ class Session:
             amp=self.amp,
             train=self._loader(train, "train"),
             val=None if val is None else self._loader(val, "val"),
-            epochs=epochs,
-            max_steps=max_steps,
-            cache_features=cache_features,
-            sched_step=sched_step,
+            label=label,
+        )
+        return target, plan
+
+    def fit(
+        self,
+        train: object,
+        *,
+        model: str | None = None,
+        val: object | None = None,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        loss: str = "cross_entropy",
+        cache_features: bool = False,
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        sched_step: SchedStep | None = None,
+        unfreeze: Sequence[str] | str = (),
+        every: int | None = None,
+        patience: int | None = None,
+        lr_ratio: float = 0.3,
+        monitor: Monitor = "loss",
+        early_stop: bool = False,
+        keep_best: bool = False,
+    ) -> FitHistory:
+        """Train the (current) model on ``train`` with its optimizer, its schedulers and
+        the AMP policy; returns the history, which the session also keeps in ``fits``.
+        ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
+        instead of each one's own (see ``core.training.schedule_steps``).
+
+        Progressive unfreezing (see ``core.training.progressive``): ``unfreeze`` lists
+        blocks (target grammar, or one comma-separated string) unfrozen one at a time,
+        every ``every`` epochs or after ``patience`` epochs without improvement of the
+        validation ``monitor`` ("loss" or "acc"), the k-th at the base lr of the one
+        before × ``lr_ratio`` (the first: the head group's × ``lr_ratio``), each through
+        :meth:`unfreeze` (a history entry). ``early_stop`` ends the run when the last
+        block is unfrozen and the metric stalls for ``patience`` (else ``every``) more
+        epochs; ``keep_best`` loads the best epoch's weights back at the end (one host
+        copy of the ``state_dict``).
+        """
+        target, plan = self._fit_plan(
+            train,
+            model=model,
+            val=val,
+            loss=loss,
+            optimizer=optimizer,
             label=f"fit {len(self.fits) + 1}",
         )
+        plan.epochs, plan.max_steps = epochs, max_steps
+        plan.cache_features, plan.sched_step = cache_features, sched_step
+        blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
+        blocks = [b.strip() for b in blocks if b.strip()]
+        if blocks or every is not None or patience is not None or early_stop or keep_best:
+            plan.pacing = self._pacing(
+                target,
+                plan,
+                Pacing(tuple(blocks), every, patience, lr_ratio, monitor, early_stop, keep_best),
+                optimizer,
+            )
+        elif monitor != "loss":
+            check_pacing(Pacing(monitor=monitor), plan.val is not None, cache_features)
         if observer is not None:
             plan.observer = observer
         history = run_fit(plan)
         self.fits.append(history)
-        self.workspace.current = name
+        self.workspace.current = target.model_name
         return history
+
+    def _head_base_lr(self, target: edits.BoundModel) -> float:
+        """The base lr of the group training the head (now)."""
+        ref = edits.head_group(target)
+        return base_lrs(target.optimizer, target.schedulers)[0 if ref is None else ref]  # type: ignore[arg-type]
+
+    def _pacing(
+        self, target: edits.BoundModel, plan: FitPlan, pacing: Pacing, optimizer: str | None
+    ) -> Pacing:
+        """``pacing`` with the session's hooks, after checking every block: it names
+        modules of the model, holds frozen parameters no earlier block takes, and a dry
+        run of its unfreeze passes (schedulers followable…)."""
+        check_pacing(pacing, plan.val is not None, plan.cache_features)
+        name = target.model_name
+
+        def head_base_lr() -> float:
+            return self._head_base_lr(self._target(name, target.model, optimizer))
+
+        def unfreeze_block(block: str, lr: float, epoch: int) -> None:
+            self.unfreeze(
+                name,
+                block,
+                lr=lr,
+                optimizer=optimizer,
+                command=f"unfreeze {block} lr={lr:.3g} ({plan.label}, after epoch {epoch})",
+            )
+
+        claimed: set[int] = set()
+        first_lr = head_base_lr() * pacing.lr_ratio if pacing.blocks else 0.0
+        for block in pacing.blocks:
+            _, selection = self._selection((name, block), (), optimizer)
+            frozen = [
+                p for p in selection.parameters() if not p.requires_grad and id(p) not in claimed
+            ]
+            if not frozen:
+                raise TorchMagicError(
+                    f"'{block}' has no frozen parameters left to unfreeze", param="unfreeze"
+                )
+            claimed.update(id(p) for p in frozen)
+            self.unfreeze(name, block, lr=first_lr, optimizer=optimizer, dry_run=True)
+        return replace(pacing, unfreeze=unfreeze_block, head_base_lr=head_base_lr)
+
+    def lr_find(
+        self,
+        train: object,
+        *,
+        model: str | None = None,
+        start: float = 1e-7,
+        end: float = 10.0,
+        steps: int = 100,
+        apply: bool = False,
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        loss: str = "cross_entropy",
+    ) -> LrFindResult:
+        """The lr range test on what is trainable now (see ``core.training.lr_find``):
+        every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
+        ratios kept; afterwards everything is as before, bit for bit. ``apply`` sets the
+        head group's base lr to the suggestion, the other groups' in proportion, as one
+        history entry (undoable)."""
+        check_range(start, end, steps)
+        target, plan = self._fit_plan(
+            train, model=model, val=None, loss=loss, optimizer=optimizer, label="lr_find"
+        )
+        if observer is not None:
+            plan.observer = observer
+        assert target.optimizer is not None
+        bases = base_lrs(target.optimizer, target.schedulers)
+        ref = edits.head_group(target)
+        ref = 0 if ref is None else ref
+        result = find_lr(plan, start=start, end=end, steps=steps, reference=ref, bases=bases)
+        if not apply or result.suggestion is None:
+            return result
+        suggestion = result.suggestion
+        new = {
+            i: suggestion * r
+            for i, (b, r) in enumerate(zip(bases, result.ratios, strict=True))
+            if b > 0
+        }
+        change = self._run(
+            "set_lr",
+            f"lr_find apply: base lr {suggestion:.3g} for {result.reference_name}, "
+            "others in proportion",
+            target,
+            False,
+            lambda tx: set_base_lrs(target, new, tx),
+        )
+        return replace(result, applied=change)
+
+    def fine_tune(
+        self,
+        train: object,
+        *,
+        val: object,
+        epochs: int,
+        freeze_epochs: int = 1,
+        lr: float | None = None,
+        model: str | None = None,
+        loss: str = "cross_entropy",
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        sched_step: SchedStep | None = None,
+    ) -> FineTuneResult:
+        """fastai's ``fine_tune`` as four of the session's own commands, each in the
+        history: ``freeze(model, exclude=[head])``, ``fit(epochs=freeze_epochs)``,
+        ``unfreeze(*blocks, lr=(lr / 100, lr))``, ``fit(epochs=epochs)``. The blocks are
+        the model's top-level children holding parameters, head included (see
+        ``core.training.recipe``); ``lr`` defaults to the head group's base lr after the
+        first run. The observer sees both runs."""
+        for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
+        if lr is not None and not (
+            isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
+        ):
+            raise TorchMagicError(f"lr must be a positive number, got {lr!r}", param="lr")
+        target, plan = self._fit_plan(
+            train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
+        )
+        check_plan(plan)
+        name = target.model_name
+        head = heads.find_head(target.model).name
+        blocks = fine_tune_blocks(target.model)
+        if not head or not blocks:
+            raise TorchMagicError(
+                f"'{name}' is a single layer: there is no body to fine-tune", param="model"
+            )
+        runs = {
+            "train": train,
+            "model": name,
+            "val": val,
+            "loss": loss,
+            "optimizer": optimizer,
+            "observer": observer,
+            "sched_step": sched_step,
+        }
+        freeze = self.freeze(name, exclude=(head,), optimizer=optimizer)
+        head_fit = self.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
+        result = FineTuneResult(name, 0.0, blocks, freeze, head_fit)
+        if head_fit.stop_reason in (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS):
+            return result
+        top = (
+            lr
+            if lr is not None
+            else self._head_base_lr(self._target(name, target.model, optimizer))
+        )
+        unfreeze = self.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
+        full_fit = self.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
+        return replace(result, lr=top, unfreeze=unfreeze, full_fit=full_fit)
 
 
 def _checked_lr(lr: LrSpec) -> LrSpec:

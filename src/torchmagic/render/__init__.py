@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from rich.console import Group
 from rich.text import Text
 
 from ..core.devices.batch_size import BatchSizeReport
@@ -22,8 +23,22 @@ from ..core.diagnostics.doctor import DoctorReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
+from ..core.training.lr_find import LrFindResult
+from ..core.training.recipe import FineTuneResult
 from ..core.zoo import LoadedModel
-from . import chart, compare, device, doctor, memory, progress, surgery, theme, training, zoo
+from . import (
+    chart,
+    compare,
+    device,
+    doctor,
+    lr_find,
+    memory,
+    progress,
+    surgery,
+    theme,
+    training,
+    zoo,
+)
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
 from .progress import FitProgress, NotebookProgress, TerminalProgress
 from .surgery import ManifestHelp, change, history, manifest_help, message, summary
@@ -46,6 +61,14 @@ def _fit_runs(result: FitRuns, width: int | None = None) -> Rendered:
 
 def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
     return surgery.manifest_help(result.manifest, width)
+
+
+def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
+    """The recipe's commands in order, then its two runs side by side (with the chart)."""
+    steps = [result.freeze, result.unfreeze]
+    parts = [surgery.change(c, width).renderable for c in steps if c is not None]
+    runs = [h for h in (result.head_fit, result.full_fit) if h is not None]
+    return training.HistoryView(Group(*parts, training.fits(runs, width).renderable), runs, width)
 
 
 def _cell_memory(result: CellMemory, width: int | None = None) -> Rendered:
@@ -73,6 +96,8 @@ for _type, _draw in (
     (LoadedModel, zoo.loaded_model),
     (CellMemory, _cell_memory),
     (DoctorReport, doctor.doctor),
+    (LrFindResult, lr_find.lr_find),
+    (FineTuneResult, _fine_tune),
 ):
     render.register(_type, _draw)
 

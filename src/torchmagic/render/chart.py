@@ -61,6 +61,19 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
         if rest and any(m.val_accuracy is not None for m in h.epochs):
             accuracy = [None if m.val_accuracy is None else 100 * m.val_accuracy for m in h.epochs]
             rest[0].plot(xs, accuracy, "o-", color=color, label=h.label)
+        for event in h.unfreezes:  # the block trains from the next epoch on
+            for ax in (loss_ax, *rest):
+                ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color=_INK)
+            loss_ax.annotate(
+                event.block,
+                (event.epoch + 0.5, 1),
+                xycoords=("data", "axes fraction"),
+                fontsize=6,
+                rotation=90,
+                va="top",
+                ha="right",
+                color=_INK,
+            )
     epochs = [m.epoch for h in runs for m in h.epochs]
     _axes_style(loss_ax, "loss", epochs)
     if rest:

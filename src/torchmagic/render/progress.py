@@ -21,9 +21,10 @@ from rich.live import Live
 from rich.text import Text
 
 from ..core.training.fit import EpochMetrics, FitStart, StepInfo
+from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Rendered, human
-from .training import epoch_table, group_names, lr_text
+from .training import epoch_table, group_names, lr_text, unfrozen_text
 
 BAR_WIDTH = 30
 
@@ -67,6 +68,7 @@ class FitProgress:
         self.last: StepInfo | None = None
         self.validating: tuple[int, int | None] | None = None  # (epoch, batches)
         self.epochs: list[EpochMetrics] = []
+        self.unfrozen: list[Unfrozen] = []
 
     # -- events --------------------------------------------------------------------
 
@@ -85,6 +87,9 @@ class FitProgress:
         self.epochs.append(metrics)
         self.validating = None
         self.epoch_started = self.clock()
+
+    def on_unfreeze(self, event: Unfrozen) -> None:
+        self.unfrozen.append(event)
 
     # -- drawing -------------------------------------------------------------------
 
@@ -108,6 +113,7 @@ class FitProgress:
         numbers = Text(
             f"loss {info.loss:.4g} · lr {lr_text(info.lrs, group_names(info))} · "
             f"{human(info.samples_per_s)} samples/s"
+            + ("" if info.data_wait is None else f" · data wait {100 * info.data_wait:.0f} %")
         )
         if self.validating is not None:
             batches = self.validating[1]
@@ -133,6 +139,7 @@ class FitProgress:
             parts.append(Text(_start_text(self.start), style=theme.style("dim")))
         if self.epochs:
             parts.append(epoch_table(self.epochs))
+        parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
         parts += self._running()
         return Group(*parts)
 
@@ -197,6 +204,10 @@ class NotebookProgress:
         self.state.on_epoch(metrics)
         self._draw(self.state.view())
 
+    def on_unfreeze(self, event: Unfrozen) -> None:
+        self.state.on_unfreeze(event)
+        self._draw(self.state.view())
+
     def close(self) -> None:
         """The live view becomes the one-line summary (nothing, if nothing was drawn)."""
         if self.handle is not None:
@@ -247,6 +258,10 @@ class TerminalProgress:
 
     def on_epoch(self, metrics: EpochMetrics) -> None:
         self.state.on_epoch(metrics)
+        self._draw()
+
+    def on_unfreeze(self, event: Unfrozen) -> None:
+        self.state.on_unfreeze(event)
         self._draw()
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
+from ..core.training.progressive import Unfrozen
 from . import chart, theme
 from .base import Rendered, human, lr, table
 
@@ -70,6 +71,11 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
     return drawn
 
 
+def unfrozen_text(event: Unfrozen) -> str:
+    """One progressive-unfreezing event, for the live view and the history."""
+    return f"unfroze {event.block} after epoch {event.epoch} at base lr {lr(event.base_lr)}"
+
+
 class HistoryView(Rendered):
     """A rendered view that also carries the histories it shows (``.histories``) and adds
     the chart to its HTML."""
@@ -109,9 +115,14 @@ def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
         + f" · {history.steps} steps · {human(history.samples_per_s)} samples/s"
         + f" · {history.seconds:.1f} s"
     )
-    return HistoryView(
-        Group(epoch_table(history.epochs, title), _ending(history)), [history], width
-    )
+    if history.data_wait_share is not None:
+        title += f" · data wait {100 * history.data_wait_share:.0f} %"
+    parts: list[RenderableType] = [epoch_table(history.epochs, title)]
+    parts.extend(Text(unfrozen_text(e), style=theme.style("info")) for e in history.unfreezes)
+    if history.best_epoch is not None:
+        parts.append(Text(f"weights of the best epoch ({history.best_epoch}) kept"))
+    parts.append(_ending(history))
+    return HistoryView(Group(*parts), [history], width)
 
 
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:

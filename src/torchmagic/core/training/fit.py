@@ -16,13 +16,23 @@ flight. On that stop:
   (with a GradScaler, a step whose gradients are not finite is skipped and changes
   nothing); the stop message counts the parameter and optimizer-state tensors that now
   hold NaN/inf.
+
+Progressive unfreezing, early stop and keep-best (``FitPlan.pacing``) are decided in
+``progressive`` after each epoch's validation; the unfreeze itself is the session's.
+
+The history's ``data_wait_s`` adds up, per step, the time from asking for the next
+batch to having its inputs and targets on the device (the copy is only enqueued when it
+is non-blocking: no extra sync); on the cached-feature path only the loading counts.
+``wall_s`` is the time of the training passes it is measured within (validation
+excluded), so ``data_wait_s / wall_s`` is the share of training time spent waiting.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,6 +50,7 @@ from ..modules import walk
 from . import feature_cache
 from .amp import AmpController
 from .data import load_batch, next_epoch_indices, split_batch, to_device
+from .progressive import BestWeights, Pacer, Pacing, Unfrozen, check_pacing
 from .schedule_steps import SCHED_STEPS, SchedStep, ScheduleChoice, plan_schedules
 
 LOSSES: dict[str, Callable] = {
@@ -52,6 +63,9 @@ LOSSES: dict[str, Callable] = {
     "huber": F.huber_loss,
 }
 CHECK_SECONDS = 0.5
+# The data-wait clock. The loop's own clock (``perf_counter``) is read once per step and
+# sets the check-point cadence; waiting is timed apart from it.
+_wait_clock = time.perf_counter
 # Callables that live in a namespace without the user defining them (``exit``,
 # ``get_ipython``, ``print``…): never taken for a loss.
 _NOT_USER_MODULES = ("builtins", "_sitebuiltins", "site", "IPython", "ipykernel")
@@ -64,6 +78,8 @@ class StopReason(Enum):
     MAX_STEPS = "max_steps"
     INTERRUPTED = "interrupted"
     NON_FINITE_LOSS = "non_finite_loss"
+    EARLY_STOP = "early_stop"
+    NO_METRIC = "no_metric"  # the monitored validation metric is not measured
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,7 @@ class StepInfo:
     samples_per_s: float
     loss: float
     lrs: tuple[float, ...]
+    data_wait: float | None = None  # share of this epoch's time so far spent waiting for batches
 
 
 @dataclass(frozen=True)
@@ -121,10 +138,18 @@ class FitHistory:
     precision: str = "fp32"
     stop_reason: StopReason | None = None
     schedules: tuple[ScheduleChoice, ...] = ()
+    unfreezes: tuple[Unfrozen, ...] = ()  # (epoch, block, base lr) of each progressive unfreeze
+    best_epoch: int | None = None  # keep_best: the epoch whose weights the model holds now
+    data_wait_s: float = 0.0  # waiting for batches (see the module docstring)
+    wall_s: float = 0.0  # the training passes' time, validation excluded
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds else 0.0
+
+    @property
+    def data_wait_share(self) -> float | None:
+        return self.data_wait_s / self.wall_s if self.wall_s > 0 else None
 
 
 class FitObserver(Protocol):
@@ -134,7 +159,11 @@ class FitObserver(Protocol):
 
     def on_step(self, info: StepInfo) -> None: ...
 
+    def on_validation_start(self, epoch: int, batches: int | None) -> None: ...
+
     def on_epoch(self, metrics: EpochMetrics) -> None: ...
+
+    def on_unfreeze(self, event: Unfrozen) -> None: ...
 
     def close(self) -> None: ...
 
@@ -148,7 +177,13 @@ class _Silent:
     def on_step(self, info: StepInfo) -> None:
         pass
 
+    def on_validation_start(self, epoch: int, batches: int | None) -> None:
+        pass
+
     def on_epoch(self, metrics: EpochMetrics) -> None:
+        pass
+
+    def on_unfreeze(self, event: Unfrozen) -> None:
         pass
 
     def close(self) -> None:
@@ -174,6 +209,7 @@ class FitPlan:
     sched_step: SchedStep | None = None
     label: str = ""
     observer: FitObserver = field(default_factory=_Silent)
+    pacing: Pacing | None = None
 
     def batch_source(self) -> _LoaderBatches | _CachedFeatureBatches:
         """Where the run's batches come from: the loader through the whole model, or
@@ -252,6 +288,8 @@ def check_plan(plan: FitPlan) -> None:
     _check_batches(plan.train, "train")
     if plan.val is not None:
         _check_batches(plan.val, "val")
+    if plan.pacing is not None:
+        check_pacing(plan.pacing, plan.val is not None, plan.cache_features)
 
 
 # -- pieces of the loop ------------------------------------------------------------------
@@ -339,17 +377,23 @@ class _LoaderBatches:
 
     def __init__(self, plan: FitPlan) -> None:
         self.plan = plan
+        self.wait_s = 0.0  # asking for a batch → inputs and targets on the device
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         plan = self.plan
         non_blocking = _non_blocking(plan.train, plan.device)
-        for batch in plan.train:
+        loader = iter(plan.train)
+        while True:
+            start = _wait_clock()
+            try:
+                batch = next(loader)
+            except StopIteration:
+                return
             inputs, targets = split_batch(batch, "train")
-            yield (
-                plan.model,
-                to_device(inputs, plan.device, non_blocking),
-                to_device(targets, plan.device, non_blocking),
-            )
+            inputs = to_device(inputs, plan.device, non_blocking)
+            targets = to_device(targets, plan.device, non_blocking)
+            self.wait_s += _wait_clock() - start
+            yield plan.model, inputs, targets
 
     def validate(self) -> tuple[float | None, float | None]:
         plan = self.plan
@@ -384,6 +428,7 @@ class _CachedFeatureBatches:
         self.store = feature_cache.FeatureStore(len(plan.train.dataset), plan.device)  # type: ignore[attr-defined]
         self.checked = False
         self.val_features: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.wait_s = 0.0  # loading only: the backbone's forward on the first pass is not waiting
 
     def _features(self, inputs: Any) -> tuple[torch.Tensor, Any]:
         plan = self.plan
@@ -392,9 +437,12 @@ class _CachedFeatureBatches:
 
     def _first_pass(self, indices: list[int]) -> Batch:
         plan = self.plan
+        start = _wait_clock()
         inputs, targets = split_batch(load_batch(plan.train, indices), "train")  # type: ignore[arg-type]
-        feats, output = self._features(to_device(inputs, plan.device, False))
+        inputs = to_device(inputs, plan.device, False)
         targets = to_device(targets, plan.device, False)
+        self.wait_s += _wait_clock() - start
+        feats, output = self._features(inputs)
         if not self.checked:
             with _mode(self.head.module, training=False), torch.no_grad(), plan.amp.autocast():
                 again = _main_output(self.head.module(feats))
@@ -413,7 +461,9 @@ class _CachedFeatureBatches:
             if epoch == 0:
                 yield self._first_pass(indices)
             else:
+                start = _wait_clock()
                 feats, targets = self.store.get(indices)
+                self.wait_s += _wait_clock() - start
                 yield self.head.module, feats, targets
 
     def validate(self) -> tuple[float | None, float | None]:
@@ -510,6 +560,18 @@ def _clear_grads(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         p.grad = None
 
 
+def train_step(
+    plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
+) -> torch.Tensor:
+    """One optimizer step under the plan's AMP policy and loss; the loss stays on the
+    device (reading it is the caller's choice: a host sync)."""
+    with plan.amp.autocast():
+        output = _main_output(forward(inputs))
+        loss = plan.loss_fn(output, targets)
+    plan.amp.step(loss, plan.optimizer)
+    return loss.detach()
+
+
 @dataclass(frozen=True)
 class _EpochRun:
     samples: int
@@ -532,6 +594,10 @@ class _Trainer:
         self.stop: StopReason | None = None
         self.stop_message: str | None = None
         self.trained_lrs = self._group_lrs()
+        self.pacer = Pacer(plan.pacing) if plan.pacing is not None else None
+        keep_best = plan.pacing is not None and plan.pacing.keep_best
+        self.best = BestWeights(plan.model) if keep_best else None
+        self.train_seconds = 0.0
 
     def _group_lrs(self) -> list[Any]:
         """The lrs of non-empty groups, as stored (a tensor lr is not read here)."""
@@ -546,13 +612,9 @@ class _Trainer:
     # -- one optimizer step ----------------------------------------------------------
 
     def _step(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> None:
-        plan = self.plan
-        with plan.amp.autocast():
-            output = _main_output(forward(inputs))
-            loss = plan.loss_fn(output, targets)
-        plan.amp.step(loss, plan.optimizer)
+        loss = train_step(self.plan, forward, inputs, targets)
         self.steps += 1
-        self.ledger.add(self.steps, loss.detach(), len(targets))
+        self.ledger.add(self.steps, loss, len(targets))
         self.trained_lrs = self._group_lrs()
         self.schedule.after_step()
 
@@ -605,6 +667,7 @@ class _Trainer:
         samples = batch_index = 0
         complete = False
         start = last_check = last_redraw = perf_counter()
+        waited_before = self.source.wait_s
         iterator = self.source.batches(epoch)
         while True:
             if self.interrupt_requested:  # Ctrl-C during the last step or the validation
@@ -646,6 +709,7 @@ class _Trainer:
                         samples_per_s=samples / (now - start),
                         loss=self.ledger.epoch_loss,
                         lrs=tuple(float(lr) for lr in self._group_lrs()),
+                        data_wait=(self.source.wait_s - waited_before) / (now - start),
                     )
                 )
         if self.stop is not StopReason.NON_FINITE_LOSS:
@@ -655,12 +719,16 @@ class _Trainer:
     def _epoch(self, epoch: int) -> EpochMetrics | None:
         """Train one epoch, validate, step the per-epoch schedulers; None when no step ran."""
         run = self._train_epoch(epoch)
+        self.train_seconds += run.seconds
         if not run.samples:
             return None
         train_loss = self.ledger.epoch_loss
         trained_lrs = tuple(float(lr) for lr in self.trained_lrs)
         val_loss = val_acc = None
         if self.stop is not StopReason.NON_FINITE_LOSS:
+            if self.plan.val is not None:
+                batches = len(self.plan.val) if isinstance(self.plan.val, Sized) else None
+                self.plan.observer.on_validation_start(epoch + 1, batches)
             val_loss, val_acc = self.source.validate()
             if run.complete:
                 self.schedule.after_epoch(val_loss if val_loss is not None else train_loss)
@@ -668,10 +736,47 @@ class _Trainer:
             epoch + 1, train_loss, val_loss, val_acc, run.samples, run.seconds, trained_lrs
         )
 
+    def _pace(self, metrics: EpochMetrics) -> None:
+        """After a complete epoch: note a new best (and copy its weights with keep_best),
+        then unfreeze the next block, or stop early."""
+        pacer, plan = self.pacer, self.plan
+        if pacer is None:
+            return
+        value = pacer.metric(metrics.val_loss, metrics.val_accuracy)
+        if value is None and pacer.pacing.needs_validation:
+            what = "an accuracy" if pacer.pacing.monitor == "acc" else "a loss"
+            self._stopping(
+                StopReason.NO_METRIC,
+                f"monitor={pacer.pacing.monitor!r} but the validation data gives no {what} "
+                f"(accuracy needs class scores of shape (N, C) and integer targets); stopped "
+                f"after epoch {metrics.epoch}",
+            )
+            return
+        if pacer.observe(metrics.epoch, value) and self.best is not None:
+            self.best.take(metrics.epoch)
+        if metrics.epoch >= plan.epochs:
+            return
+        if pacer.unfreeze_due(metrics.epoch):
+            event = pacer.unfreeze_next(metrics.epoch)
+            # the unfreeze may have swapped BatchNorm modules (the ``frozen`` policy)
+            self.batchnorm = _BatchNormSnapshot(plan.model)
+            plan.observer.on_unfreeze(event)
+        elif (reason := pacer.stop_reason(metrics.epoch)) is not None:
+            self._stopping(StopReason.EARLY_STOP, reason)
+
+    def _keep_best(self, epochs: Sequence[EpochMetrics]) -> int | None:
+        """keep_best: load the best epoch's weights back when the run ended on another."""
+        if self.best is None or self.best.epoch is None:
+            return None
+        if epochs and epochs[-1].epoch != self.best.epoch:
+            self.best.restore()
+        return self.best.epoch
+
     def run(self) -> FitHistory:
         plan = self.plan
         precision = plan.amp.status().dtype or "fp32"
         epochs: list[EpochMetrics] = []
+        best_epoch = None
         start = perf_counter()
         plan.observer.on_start(
             FitStart(
@@ -694,6 +799,10 @@ class _Trainer:
                     plan.observer.on_epoch(metrics)
                     if self.stop is not None:
                         break
+                    self._pace(metrics)
+                    if self.stop is not None:
+                        break
+                best_epoch = self._keep_best(epochs)
         finally:
             _clear_grads(plan.model, plan.optimizer)
             plan.observer.close()
@@ -709,6 +818,10 @@ class _Trainer:
             precision=precision,
             stop_reason=self.stop,
             schedules=self.schedule.choices,
+            unfreezes=tuple(self.pacer.unfrozen) if self.pacer is not None else (),
+            best_epoch=best_epoch,
+            data_wait_s=self.source.wait_s,
+            wall_s=self.train_seconds,
         )
 
 
