@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from html.parser import HTMLParser
 
 import pytest
@@ -242,13 +241,6 @@ class _Clock:
         return self.now
 
 
-@dataclass(frozen=True)
-class _NamedStep(StepInfo):
-    """A StepInfo that carries group names, as the loop is asked to send them."""
-
-    groups: tuple[str, ...] = ()
-
-
 def test_progress_draws_nothing_before_the_loop_starts():
     """A %fit refused up front leaves no "starting…" above its error."""
     handle = _Handle()
@@ -261,7 +253,9 @@ def test_progress_line_tells_the_whole_story():
     handle, clock = _Handle(), _Clock()
     progress = render.NotebookProgress(handle.show, 100, clock=clock)
     clock.now = 75.0
-    progress.on_step(_NamedStep(2, 3, 130, 30, 120, 0.42, 1.5, (1e-3, 1e-4), ("head", "layer4")))
+    progress.on_step(
+        StepInfo(2, 3, 130, 30, 120, 0.42, 1.5, (1e-3, 1e-4), groups=("head", "layer4"))
+    )
     text = str(handle.drawn[-1])
     assert "epoch 2/3" in text and "step 30/120" in text
     assert "01:15<03:45" in text  # elapsed<remaining, at this epoch's pace

@@ -145,7 +145,8 @@ class FitProgress:
 
     def summary(self) -> RenderableType:
         """What replaces the live view: the run's first line (what it trained with, how
-        each scheduler steps) and one line of outcome; the table is the cell's result."""
+        each scheduler steps), the blocks unfrozen on the way, and one line of outcome;
+        the table is the cell's result."""
         label = self.start.label if self.start is not None else "%fit"
         total = f" of {self.total_epochs}" if self.total_epochs else ""
         done = len(self.epochs)
@@ -159,9 +160,11 @@ class FitProgress:
             line.append(f" · train loss {last.train_loss:.4g}")
             if last.val_accuracy is not None:
                 line.append(f" · val acc {100 * last.val_accuracy:.1f}%")
-        if self.start is None:
-            return line
-        return Group(Text(_start_text(self.start), style=theme.style("dim")), line)
+        parts: list[RenderableType] = []
+        if self.start is not None:
+            parts.append(Text(_start_text(self.start), style=theme.style("dim")))
+        parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
+        return Group(*parts, line) if parts else line
 
 
 class NotebookProgress:

@@ -16,7 +16,6 @@ import torch
 
 from ..errors import TorchMagicError
 from . import scheduler_sync
-from .counting import base_lr
 from .edits import BoundModel
 from .optimizer_sync import OptimizerEditor, group_label
 from .results import Effect
@@ -25,29 +24,9 @@ from .transaction import Transaction
 
 def base_lrs(optimizer: torch.optim.Optimizer, schedulers: Sequence[object]) -> list[float]:
     """Every group's base lr (its lr now where no schedule scales it)."""
-    out = []
-    for i, group in enumerate(optimizer.param_groups):
-        base = base_lr(group, i, schedulers)
-        out.append(float(group["lr"]) if base is None else float(base))
-    return out
-
-
-def _scale_group(
-    optimizer: torch.optim.Optimizer, schedulers: Sequence[object], index: int, factor: float
-) -> None:
-    group = optimizer.param_groups[index]
-    group["lr"] = group["lr"] * factor
-    for key in scheduler_sync._SCALED_KEYS:
-        if key in group:
-            group[key] = group[key] * factor
-    n = len(optimizer.param_groups)
-    for s in schedulers:
-        for name in scheduler_sync._SCALED_LISTS:
-            values = getattr(s, name, None)
-            if isinstance(values, list) and len(values) == n:
-                values[index] = values[index] * factor
-        if isinstance(getattr(s, "_last_lr", None), list):
-            s._last_lr = [g["lr"] for g in optimizer.param_groups]  # type: ignore[attr-defined]
+    return [
+        scheduler_sync.base_lr(optimizer, schedulers, i) for i in range(len(optimizer.param_groups))
+    ]
 
 
 def set_base_lrs(target: BoundModel, bases: Mapping[int, float], tx: Transaction) -> Effect:
@@ -74,12 +53,13 @@ def set_base_lrs(target: BoundModel, bases: Mapping[int, float], tx: Transaction
     if problems:
         raise TorchMagicError(
             f"a scheduler is out of step with the optimizer ({'; '.join(problems)}); "
-            "recreate it first"
+            "recreate it first",
+            param="schedulers",
         )
     scheduler_sync.snapshot(target.schedulers, opt, tx)
     OptimizerEditor(opt, tx, target.model)  # registers the groups' inverse
-    for index, value in bases.items():
-        _scale_group(opt, target.schedulers, index, value / old[index])
+    for index, value in bases.items():  # a group following its own schedule at a new base
+        scheduler_sync.follow(target.schedulers, opt, index, index, value)
     names = tuple(group_label(opt.param_groups[i], i) for i in bases)
     params = sum(p.numel() for i in bases for p in opt.param_groups[i]["params"])
     return Effect(names, params)

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import TorchMagicError
 from ..modules import walk
+from ..surgery.optimizer_sync import group_label
 from . import feature_cache
 from .amp import AmpController
 from .data import load_batch, next_epoch_indices, split_batch, to_device
@@ -108,6 +109,7 @@ class StepInfo:
     loss: float
     lrs: tuple[float, ...]
     data_wait: float | None = None  # share of this epoch's time so far spent waiting for batches
+    groups: tuple[str, ...] = ()  # the names of the groups ``lrs`` belong to
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class EpochMetrics:
     samples: int
     seconds: float
     lrs: tuple[float, ...]
+    groups: tuple[str, ...] = ()  # the names of the groups ``lrs`` belong to
 
 
 @dataclass(frozen=True)
@@ -603,6 +606,11 @@ class _Trainer:
         """The lrs of non-empty groups, as stored (a tensor lr is not read here)."""
         return [g["lr"] for g in self.plan.optimizer.param_groups if g["params"]]
 
+    def _group_names(self) -> tuple[str, ...]:
+        """The names of the groups :meth:`_group_lrs` reads, in the same order."""
+        groups = self.plan.optimizer.param_groups
+        return tuple(group_label(g, i) for i, g in enumerate(groups) if g["params"])
+
     def _request_interrupt(self) -> None:
         self.interrupt_requested = True
 
@@ -710,6 +718,7 @@ class _Trainer:
                         loss=self.ledger.epoch_loss,
                         lrs=tuple(float(lr) for lr in self._group_lrs()),
                         data_wait=(self.source.wait_s - waited_before) / (now - start),
+                        groups=self._group_names(),
                     )
                 )
         if self.stop is not StopReason.NON_FINITE_LOSS:
@@ -726,14 +735,22 @@ class _Trainer:
         trained_lrs = tuple(float(lr) for lr in self.trained_lrs)
         val_loss = val_acc = None
         if self.stop is not StopReason.NON_FINITE_LOSS:
-            if self.plan.val is not None:
+            announce = getattr(self.plan.observer, "on_validation_start", None)
+            if self.plan.val is not None and announce is not None:  # optional for observers
                 batches = len(self.plan.val) if isinstance(self.plan.val, Sized) else None
-                self.plan.observer.on_validation_start(epoch + 1, batches)
+                announce(epoch + 1, batches)
             val_loss, val_acc = self.source.validate()
             if run.complete:
                 self.schedule.after_epoch(val_loss if val_loss is not None else train_loss)
         return EpochMetrics(
-            epoch + 1, train_loss, val_loss, val_acc, run.samples, run.seconds, trained_lrs
+            epoch + 1,
+            train_loss,
+            val_loss,
+            val_acc,
+            run.samples,
+            run.seconds,
+            trained_lrs,
+            self._group_names(),
         )
 
     def _pace(self, metrics: EpochMetrics) -> None:
