@@ -94,3 +94,55 @@ def test_replace_head_takes_labels_or_says_the_count_is_missing(ip):
     with capture_output():
         ip.run_line_magic("replace_head", "auto 5")
     assert ip.user_ns["model"][3].out_features == 5
+
+
+RECIPE_SETUP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential()
+model.add_module("body", nn.Sequential(nn.Linear(8, 16), nn.ReLU()))
+model.add_module("mid", nn.Sequential(nn.Linear(16, 16), nn.ReLU()))
+model.add_module("fc", nn.Linear(16, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+batches = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(3)]
+"""
+
+
+def test_lr_find_restores_everything_and_applies_as_one_undoable_entry(ip):
+    ip.run_cell(RECIPE_SETUP).raise_error()
+    model, opt = ip.user_ns["model"], ip.user_ns["optimizer"]
+    before = weights(model)
+    with capture_output():
+        shown = ip.run_line_magic("lr_find", "batches --steps 12 --end 1")
+    assert len(shown.result.lrs) >= 2 and "<svg" in shown._repr_mimebundle_()["text/html"]
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(model), strict=True))
+    assert opt.param_groups[0]["lr"] == 0.05 and not opt.state
+    with pytest.raises(UsageError, match="--start"):
+        ip.run_line_magic("lr_find", "batches --start 10 --end 1")
+
+
+def test_fit_unfreezes_progressively_through_the_history(ip):
+    ip.run_cell(RECIPE_SETUP).raise_error()
+    with capture_output():
+        ip.run_line_magic("freeze", "model --except fc")
+        ip.run_line_magic("fit", "batches --val batches --epochs 3 --unfreeze mid,body --every 1")
+    history = torchmagic.notebook_session().fits[-1]
+    assert [u.block for u in history.unfreezes] == ["mid", "body"]
+    model = ip.user_ns["model"]
+    assert all(p.requires_grad for p in model.parameters())
+    actions = [e.action for e in torchmagic.notebook_session().history()]
+    assert actions == ["freeze", "unfreeze", "unfreeze"]
+    with pytest.raises(UsageError, match="--every"):
+        ip.run_line_magic("fit", "batches --unfreeze mid --every 0")
+
+
+def test_fine_tune_is_its_four_commands(ip):
+    ip.run_cell(RECIPE_SETUP).raise_error()
+    with capture_output():
+        ip.run_line_magic("fine_tune", "batches --val batches --epochs 1 --lr 0.01")
+    actions = [e.action for e in torchmagic.notebook_session().history()]
+    assert actions == ["freeze", "unfreeze"]
+    assert len(torchmagic.notebook_session().fits) == 2
+    with pytest.raises(UsageError):
+        ip.run_line_magic("fine_tune", "batches --epochs 1")  # --val is required

@@ -36,11 +36,13 @@ EXAMPLES = {
     ("summary", "line"): "%summary model --depth 1",
     ("amp", "line"): "%amp on bf16",
     ("amp", "cell"): "%%amp bf16",
-    ("fit", "line"): "%fit model train_loader --val val_loader --epochs 3",
+    ("fit", "line"): "%fit train_loader --val val_loader --epochs 9 --unfreeze layer4,layer3",
     ("device", "line"): "%device move",
     ("gpumem", "line"): "%gpumem estimate --input-shape 8,3,224,224",
     ("tm", "line"): "%tm undo",
     ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
+    ("lr_find", "line"): "%lr_find train_loader --apply",
+    ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic

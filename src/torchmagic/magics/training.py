@@ -117,6 +117,49 @@ class TrainingMagics(TopicMagics):
         default=None,
         help="step every scheduler per batch or per epoch (default: each one's own)",
     )
+    @argument(
+        "--unfreeze",
+        default=None,
+        metavar="BLOCKS",
+        help="progressive unfreezing: blocks unfrozen one at a time, e.g. layer4,layer3,layer2",
+    )
+    @argument(
+        "--every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="unfreeze the next block every N epochs",
+    )
+    @argument(
+        "--patience",
+        type=int,
+        default=None,
+        metavar="P",
+        help="unfreeze the next block after P epochs without improvement of the validation metric",
+    )
+    @argument(
+        "--lr-ratio",
+        type=float,
+        default=0.3,
+        metavar="R",
+        help="each unfrozen block's base lr: R x the previous one's (the first: R x the head's)",
+    )
+    @argument(
+        "--monitor",
+        choices=("loss", "acc"),
+        default="loss",
+        help="the validation metric --patience and --early-stop watch",
+    )
+    @argument(
+        "--early-stop",
+        action="store_true",
+        help="stop when the last block is unfrozen and the metric stalls for P more epochs",
+    )
+    @argument(
+        "--keep-best",
+        action="store_true",
+        help="load the best epoch's weights back at the end (one host copy of the weights)",
+    )
     @OPT
     @line_magic
     def fit(self, line: str):
@@ -126,9 +169,7 @@ class TrainingMagics(TopicMagics):
         history and keeps it for %tm fits."""
         args = parse(self.fit, line)
         with self.refusals(self.fit):
-            if len(args.names) > 2:
-                raise TorchMagicError("one model and one training loader", param="names")
-            model, train = args.names if len(args.names) == 2 else [None, *args.names]
+            model, train = self._model_and_loader(args.names)
             history = self.session.fit(
                 train,
                 model=model,
@@ -140,8 +181,111 @@ class TrainingMagics(TopicMagics):
                 sched_step=args.sched_step,
                 optimizer=args.optimizer,
                 observer=self._progress(),
+                unfreeze=args.unfreeze or (),
+                every=args.every,
+                patience=args.patience,
+                lr_ratio=args.lr_ratio,
+                monitor=args.monitor,
+                early_stop=args.early_stop,
+                keep_best=args.keep_best,
             )
         return render.fit_history(history, self.width)
+
+    @magic_arguments()
+    @argument(
+        "names",
+        nargs="+",
+        metavar="[MODEL] TRAIN_LOADER",
+        help="the model variable (default: the current model) and the training loader",
+    )
+    @argument("--start", type=float, default=1e-7, metavar="LR", help="the first lr")
+    @argument("--end", type=float, default=10.0, metavar="LR", help="the last lr")
+    @argument("--steps", type=int, default=100, metavar="N", help="steps from start to end")
+    @argument(
+        "--apply",
+        action="store_true",
+        help="set the head group's base lr to the suggestion, others in proportion (undoable)",
+    )
+    @argument(
+        "--loss",
+        default="cross_entropy",
+        metavar="NAME",
+        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
+    )
+    @OPT
+    @line_magic
+    def lr_find(self, line: str):
+        """The lr range test on what is trainable now: every group's lr grows together
+        (ratios kept) until the smoothed loss passes 4x its minimum; shows the curve and a
+        suggestion; afterwards weights, optimizer, schedulers, BatchNorm statistics, the
+        scaler and the random state are exactly as before."""
+        args = parse(self.lr_find, line)
+        with self.refusals(self.lr_find):
+            model, train = self._model_and_loader(args.names)
+            result = self.session.lr_find(
+                train,
+                model=model,
+                start=args.start,
+                end=args.end,
+                steps=args.steps,
+                apply=args.apply,
+                optimizer=args.optimizer,
+                observer=self._progress(),
+                loss=args.loss,
+            )
+        return render.render(result, self.width)
+
+    @magic_arguments()
+    @argument(
+        "names",
+        nargs="+",
+        metavar="[MODEL] TRAIN_LOADER",
+        help="the model variable (default: the current model) and the training loader",
+    )
+    @argument("--val", required=True, metavar="VAL_LOADER", help="the validation loader")
+    @argument("--epochs", type=int, required=True, metavar="N", help="epochs with all unfrozen")
+    @argument(
+        "--freeze-epochs", type=int, default=1, metavar="N", help="epochs training the head only"
+    )
+    @argument(
+        "--lr",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the head's base lr; the body gets X/100..X (default: the head group's base lr)",
+    )
+    @argument(
+        "--loss",
+        default="cross_entropy",
+        metavar="NAME",
+        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
+    )
+    @OPT
+    @line_magic
+    def fine_tune(self, line: str):
+        """fastai's recipe as the session's own commands, each in the history: freeze all
+        but the head, fit --freeze-epochs, unfreeze every block at lr=X/100:X, fit --epochs."""
+        args = parse(self.fine_tune, line)
+        with self.refusals(self.fine_tune):
+            model, train = self._model_and_loader(args.names)
+            result = self.session.fine_tune(
+                train,
+                val=args.val,
+                epochs=args.epochs,
+                freeze_epochs=args.freeze_epochs,
+                lr=args.lr,
+                model=model,
+                loss=args.loss,
+                optimizer=args.optimizer,
+                observer=self._progress(),
+            )
+        return render.render(result, self.width)
+
+    def _model_and_loader(self, names: list[str]) -> tuple[str | None, str]:
+        if len(names) > 2:
+            raise TorchMagicError("one model and one training loader", param="names")
+        model, train = names if len(names) == 2 else [None, *names]
+        return model, train
 
     def _progress(self) -> render.TerminalProgress | render.NotebookProgress:
         """A live bar in a terminal; a display updated in place in a notebook."""
