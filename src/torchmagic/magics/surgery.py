@@ -71,18 +71,19 @@ class SurgeryMagics(TopicMagics):
         """Stop training modules: requires_grad off, grads dropped, parameters out of the
         optimizer (state kept for undo), BatchNorm held in eval."""
         args = parse(self.freeze, line)
-        with self.refusals(self.freeze):
-            if not args.targets and not args.exclude:
-                raise TorchMagicError("name what to freeze", param="targets")
-            result = self.session.freeze(
-                *args.targets,
-                exclude=args.exclude,
-                bn=args.bn,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%freeze {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+        with self.interrupts(f"%freeze {line.strip()}"):
+            with self.refusals(self.freeze):
+                if not args.targets and not args.exclude:
+                    raise TorchMagicError("name what to freeze", param="targets")
+                result = self.session.freeze(
+                    *args.targets,
+                    exclude=args.exclude,
+                    bn=args.bn,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%freeze {line.strip()}",
+                )
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -100,19 +101,20 @@ class SurgeryMagics(TopicMagics):
         """Train modules again, each selected block in its own named param group; lr=A:B
         spreads lrs geometrically over the blocks."""
         args = parse(self.unfreeze, line)
-        with self.refusals(self.unfreeze):
-            targets, options = self.split(self.unfreeze, args.targets)
-            if not targets:
-                raise TorchMagicError("name what to unfreeze", param="targets")
-            result = self.session.unfreeze(
-                *targets,
-                **options,
-                exclude=args.exclude,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%unfreeze {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+        with self.interrupts(f"%unfreeze {line.strip()}"):
+            with self.refusals(self.unfreeze):
+                targets, options = self.split(self.unfreeze, args.targets)
+                if not targets:
+                    raise TorchMagicError("name what to unfreeze", param="targets")
+                result = self.session.unfreeze(
+                    *targets,
+                    **options,
+                    exclude=args.exclude,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%unfreeze {line.strip()}",
+                )
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -136,23 +138,25 @@ class SurgeryMagics(TopicMagics):
         on the old head's device and dtype; the old parameters leave the optimizer, the
         new ones train in the old head's group."""
         args = parse(self.replace_head, line)
-        with self.refusals(self.replace_head):
-            if len(args.spec) > 2:
-                raise TorchMagicError("one head and one class count", param="spec")
-            where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
-            if not _INT.match(count):
-                raise TorchMagicError(
-                    f"N must be a whole number of classes, got '{count}'", param="num_classes"
+        with self.interrupts(f"%replace_head {line.strip()}"):
+            with self.refusals(self.replace_head):
+                if len(args.spec) > 2:
+                    raise TorchMagicError("one head and one class count", param="spec")
+                where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
+                if not _INT.match(count):
+                    raise TorchMagicError(
+                        f"N must be a whole number of classes, got '{count}'",
+                        param="num_classes",
+                    )
+                result = self.session.replace_head(
+                    where,
+                    int(count),
+                    dropout=args.dropout,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%replace_head {line.strip()}",
                 )
-            result = self.session.replace_head(
-                where,
-                int(count),
-                dropout=args.dropout,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%replace_head {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(

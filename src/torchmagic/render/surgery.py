@@ -204,7 +204,7 @@ def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Render
             e.command,
             e.model_name,
             _names(e.modules),
-            "" if e.live else Text("stale: model rebound", style=theme.style("dim")),
+            "" if e.live else Text(f"stale: {e.stale}", style=theme.style("dim")),
         )
     return Rendered(drawn, width)
 
