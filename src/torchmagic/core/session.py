@@ -43,10 +43,10 @@ from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
 from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
 from .surgery.history import REBOUND, Cleared, History, Record
-from .surgery.results import Change, Effect, HistoryEntry, SummaryReport
+from .surgery.results import Change, Counts, Effect, HistoryEntry, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
-from .surgery.transaction import Transaction, Uninterrupted
+from .surgery.transaction import Transaction, uninterrupted
 from .training.amp import AmpController, AmpStatus, cell_autocast
 from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
 from .training.fit import fit as run_fit
@@ -163,48 +163,57 @@ class Session:
         (also under Ctrl-C, which waits until the end)."""
         self.prune_history()
         notes = distributed.check_surgery(action, target.model, self.workspace.items())
-        tx = Transaction()
-        with Uninterrupted():
-            try:
-                before = count(target.model)
-                groups_before = group_keys(target.optimizer)
-                effect = step(tx)
-                effect = replace(effect, notes=effect.notes + notes)
-                change = Change(
-                    action=action,
-                    command=command,
-                    model_name=target.model_name,
-                    effect=effect,
-                    before=before,
-                    after=count(target.model),
-                    optimizer_name=target.optimizer_name,
-                    groups=describe_groups(target.optimizer, groups_before, target.schedulers),
-                    dry_run=dry_run,
-                )
-                if dry_run:
-                    tx.revert()
-                    return change
-                dropped = self._history.push(
-                    change,
-                    target.model,
-                    target.optimizer,
-                    tx,
-                    self.config.history_limit,
-                    self.config.history_bytes,
-                )
-                self._settle(target, tx)
-            except BaseException:
-                # recorded means applied: finish it; otherwise it never happened
-                if self._history.holds(tx):
-                    self._settle(target, tx)
-                else:
-                    tx.revert()
-                raise
-        if dropped:
-            change = replace(
-                change, effect=replace(effect, notes=(*effect.notes, self._dropped(dropped)))
+
+        def apply(tx: Transaction) -> Change:
+            before = count(target.model)
+            groups_before = group_keys(target.optimizer)
+            effect = step(tx)
+            return Change(
+                action=action,
+                command=command,
+                model_name=target.model_name,
+                effect=replace(effect, notes=effect.notes + notes),
+                before=before,
+                after=count(target.model),
+                optimizer_name=target.optimizer_name,
+                groups=describe_groups(target.optimizer, groups_before, target.schedulers),
+                dry_run=dry_run,
             )
+
+        change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run))
+        if dropped:
+            notes = (*change.effect.notes, self._dropped(dropped))
+            change = replace(change, effect=replace(change.effect, notes=notes))
         return change
+
+    def _atomically(
+        self, target: edits.BoundModel, apply: Callable[[Transaction], Change], dry_run: bool
+    ) -> tuple[Change, int]:
+        """``apply`` in a transaction, then recorded (the commit point) and settled; or
+        rolled back. Returns the change and how many old records the history dropped."""
+        tx = Transaction()
+        try:
+            change = apply(tx)
+            if dry_run:
+                tx.revert()
+                return change, 0
+            dropped = self._history.push(
+                change,
+                target.model,
+                target.optimizer,
+                tx,
+                self.config.history_limit,
+                self.config.history_bytes,
+            )
+            self._settle(target, tx)
+            return change, dropped
+        except BaseException:
+            # recorded means applied: finish it; otherwise it never happened
+            if self._history.holds(tx):
+                self._settle(target, tx)
+            else:
+                tx.revert()
+            raise
 
     def _settle(self, target: edits.BoundModel, tx: Transaction) -> None:
         """What follows a command's commit point; idempotent, so an interrupted one is
@@ -392,9 +401,13 @@ class Session:
         model = record.model()
         assert model is not None  # bound, so alive
         opt = None if record.optimizer is None else record.optimizer()
-        with Uninterrupted():
-            before, groups_before = count(model), group_keys(opt)
+
+        def revert() -> tuple[Counts, dict]:
+            measured = count(model), group_keys(opt)
             record.tx.revert()  # its first inverse takes the record out of the history
+            return measured
+
+        before, groups_before = uninterrupted(revert)
         return replace(
             record.change,
             effect=Effect(record.change.effect.modules, record.change.effect.params),

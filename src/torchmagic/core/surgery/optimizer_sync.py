@@ -61,13 +61,16 @@ class Homes:
 
     def observe(self, optimizer: torch.optim.Optimizer) -> None:
         """Parameters seen for the first time (or whose home left the optimizer) get the
-        group they are in as their home."""
+        group they are in as their home. Not undone (it records what already is), but
+        all at once."""
         live = {id(g) for g in optimizer.param_groups}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                home = self._home(p)
-                if home is None or id(home) not in live:
-                    self._groups[id(p)] = (p, group)
+        seen = {
+            id(p): (p, group)
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if (home := self._home(p)) is None or id(home) not in live
+        }
+        self._groups.update(seen)
 
     def index(self, optimizer: torch.optim.Optimizer, p: nn.Parameter) -> int | None:
         """Where ``p``'s home group is in ``optimizer.param_groups``; None without one."""

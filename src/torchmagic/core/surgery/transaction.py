@@ -15,10 +15,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
+from typing import TypeVar
 
 import torch
 
 Step = Callable[[], object]
+T = TypeVar("T")
 
 
 def run_to_end(steps: list[Step]) -> None:
@@ -147,3 +149,9 @@ class Uninterrupted:
             self._previous(signal.SIGINT, frame)
         elif self._previous == signal.SIG_DFL:
             raise KeyboardInterrupt
+
+
+def uninterrupted(action: Callable[[], T]) -> T:
+    """``action()`` with Ctrl-C held until it has returned or raised (:class:`Uninterrupted`)."""
+    with Uninterrupted():
+        return action()
