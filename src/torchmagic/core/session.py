@@ -397,14 +397,15 @@ class Session:
         self.prune_history()
         record = self._history.newest()
         self._refuse_undo(record)
-        assert record.tx is not None  # checked by _refuse_undo
+        tx = record.tx
+        assert tx is not None  # checked by _refuse_undo
         model = record.model()
         assert model is not None  # bound, so alive
         opt = None if record.optimizer is None else record.optimizer()
 
         def revert() -> tuple[Counts, dict]:
             measured = count(model), group_keys(opt)
-            record.tx.revert()  # its first inverse takes the record out of the history
+            tx.revert()  # its first inverse takes the record out of the history
             return measured
 
         before, groups_before = uninterrupted(revert)

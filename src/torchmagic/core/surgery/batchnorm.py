@@ -71,6 +71,7 @@ def _release(bn: nn.Module, training: bool, tx: Transaction) -> None:
 def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
     parent, attr = parent_of(root, name)
     old = parent._modules[attr]
+    assert old is not None  # a BatchNorm was found there
     tx.add(lambda: setattr(parent, attr, old))
     tx.hold([*old.parameters(), *old.buffers()])
     setattr(parent, attr, new)
@@ -134,7 +135,7 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
 
 
 def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
-    out = []
+    out: list[tuple[str, nn.Module]] = []
     for block in selection.blocks:
         items = (
             block.module.named_modules(prefix=block.name)

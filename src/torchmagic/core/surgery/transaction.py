@@ -52,9 +52,10 @@ class Transaction:
 
     def __init__(self) -> None:
         self._inverses: list[Step] = []
-        self._on_commit: list[Callable[[], None]] = []
+        self._on_commit: list[Step] = []
         self._checks: list[Callable[[], str | None]] = []
         self._held: list[torch.Tensor] = []
+        self._nbytes: dict[str | None, int] = {}  # by device type, until more is held
 
     def add(self, inverse: Step) -> None:
         """Record ``inverse`` (its return value is ignored). Register it before the
@@ -73,6 +74,7 @@ class Transaction:
     def hold(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count ``tensors`` as kept alive by this log alone."""
         self._held.extend(tensors)
+        self._nbytes.clear()
 
     def commit(self) -> None:
         run_to_end(self._on_commit)
@@ -81,6 +83,7 @@ class Transaction:
         """Run every inverse, newest first; finished even if interrupted part-way."""
         run_to_end(self._inverses)
         self._held.clear()
+        self._nbytes.clear()
 
     def refusal(self) -> str | None:
         """Why undoing now would leave things inconsistent; None when it can go ahead."""
@@ -89,12 +92,14 @@ class Transaction:
     def nbytes(self, device_type: str | None = None) -> int:
         """Bytes of the tensors this log keeps alive (each storage once), on devices of
         ``device_type`` or on all."""
-        storages = {
-            (t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
-            for t in self._held
-            if device_type is None or t.device.type == device_type
-        }
-        return sum(storages.values())
+        if device_type not in self._nbytes:
+            storages = {
+                (t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+                for t in self._held
+                if device_type is None or t.device.type == device_type
+            }
+            self._nbytes[device_type] = sum(storages.values())
+        return self._nbytes[device_type]
 
     def set_attr(self, obj: object, name: str, value: object) -> None:
         """``setattr`` with its inverse recorded (first)."""
