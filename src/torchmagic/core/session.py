@@ -45,11 +45,11 @@ from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
 from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
-from .surgery.history import History, Record
-from .surgery.results import Change, Effect, HistoryEntry, SummaryReport
+from .surgery.history import REBOUND, Cleared, History, Record
+from .surgery.results import Change, Counts, Effect, HistoryEntry, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
-from .surgery.transaction import Transaction
+from .surgery.transaction import Transaction, uninterrupted
 from .training.amp import AmpController, AmpStatus, cell_autocast
 from .training.fit import (
     FitHistory,
@@ -77,6 +77,8 @@ class SessionConfig:
     unfreeze_lr_ratio: float = 0.1
     summary_depth: int = 2
     summary_max_rows: int = 60
+    history_limit: int = 100  # commands kept for undo (the newest is always kept)
+    history_bytes: int = 1 << 30  # bytes of tensors the undo history may keep alive
 
 
 class Session:
@@ -174,36 +176,76 @@ class Session:
         dry_run: bool,
         step: Callable[[Transaction], Effect],
     ) -> Change:
+        """Run ``step`` as one atomic command: applied and in the history, or not at all
+        (also under Ctrl-C, which waits until the end)."""
+        self.prune_history()
         notes = distributed.check_surgery(action, target.model, self.workspace.items())
-        before = count(target.model)
-        groups_before = group_keys(target.optimizer)
+
+        def apply(tx: Transaction) -> Change:
+            before = count(target.model)
+            groups_before = group_keys(target.optimizer)
+            effect = step(tx)
+            return Change(
+                action=action,
+                command=command,
+                model_name=target.model_name,
+                effect=replace(effect, notes=effect.notes + notes),
+                before=before,
+                after=count(target.model),
+                optimizer_name=target.optimizer_name,
+                groups=describe_groups(target.optimizer, groups_before, target.schedulers),
+                dry_run=dry_run,
+            )
+
+        change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run))
+        if dropped:
+            notes = (*change.effect.notes, self._dropped(dropped))
+            change = replace(change, effect=replace(change.effect, notes=notes))
+        return change
+
+    def _atomically(
+        self, target: edits.BoundModel, apply: Callable[[Transaction], Change], dry_run: bool
+    ) -> tuple[Change, int]:
+        """``apply`` in a transaction, then recorded (the commit point) and settled; or
+        rolled back. Returns the change and how many old records the history dropped."""
         tx = Transaction()
         try:
-            effect = step(tx)
+            change = apply(tx)
+            if dry_run:
+                tx.revert()
+                return change, 0
+            dropped = self._history.push(
+                change,
+                target.model,
+                target.optimizer,
+                tx,
+                self.config.history_limit,
+                self.config.history_bytes,
+            )
+            self._settle(target, tx)
+            return change, dropped
         except BaseException:
-            tx.revert()
+            # recorded means applied: finish it; otherwise it never happened
+            if self._history.holds(tx):
+                self._settle(target, tx)
+            else:
+                tx.revert()
             raise
-        effect = replace(effect, notes=effect.notes + notes)
-        change = Change(
-            action=action,
-            command=command,
-            model_name=target.model_name,
-            effect=effect,
-            before=before,
-            after=count(target.model),
-            optimizer_name=target.optimizer_name,
-            groups=describe_groups(target.optimizer, groups_before, target.schedulers),
-            dry_run=dry_run,
-        )
-        if dry_run:
-            tx.revert()
-            return change
+
+    def _settle(self, target: edits.BoundModel, tx: Transaction) -> None:
+        """What follows a command's commit point; idempotent, so an interrupted one is
+        simply run again."""
         tx.commit()
-        self._history.push(change, target.model, tx)
         self.workspace.current = target.model_name
         if target.optimizer_name is not None:
             self.workspace.optimizer_of[target.model_name] = target.optimizer_name
-        return change
+
+    def _dropped(self, n: int) -> str:
+        limits = f"history_limit {self.config.history_limit} commands, history_bytes "
+        return (
+            f"undo history full: the oldest {n} command{'s' if n > 1 else ''} can no longer "
+            f"be undone ({limits}{self.config.history_bytes} bytes)"
+        )
 
     # -- surgery ---------------------------------------------------------------------
 
@@ -319,22 +361,83 @@ class Session:
 
     # -- session ---------------------------------------------------------------------
 
-    def _is_live(self, record: Record) -> bool:
+    def _stale(self, record: Record) -> str:
+        """Why ``record`` can no longer be undone ("" while it can): its model is not bound
+        to its variable any more, or the optimizer it edited was re-created."""
         bound = self.workspace.namespace.get(record.change.model_name)
-        return isinstance(bound, nn.Module) and unwrap(bound) is record.model
+        model = record.model()
+        if model is None or not isinstance(bound, nn.Module) or unwrap(bound) is not model:
+            return REBOUND
+        if record.optimizer is not None:
+            now = self.workspace.namespace.get(record.change.optimizer_name or "")
+            if now is not record.optimizer():
+                return "optimizer re-created"
+        return ""
+
+    def prune_history(self) -> None:
+        """Release the undo logs of commands whose model was rebound or whose optimizer
+        was re-created: they cannot be undone, and would keep the old objects (and state
+        set aside) alive. The notebook calls this after every cell."""
+        self._history.release(self._stale)
 
     def history(self) -> tuple[HistoryEntry, ...]:
-        """Every command so far, oldest first; entries on a rebound model are stale."""
-        return self._history.entries(self._is_live)
+        """Every command so far, oldest first; stale entries can no longer be undone."""
+        self.prune_history()
+        return self._history.entries()
+
+    def history_bytes(self, device_type: str | None = None) -> int:
+        """Bytes of tensors the undo history keeps alive (on ``device_type``, or all)."""
+        self.prune_history()
+        return self._history.nbytes(device_type)
+
+    def clear_history(self) -> Cleared:
+        """Forget every command: nothing can be undone afterwards, and what the undo
+        logs kept alive (optimizer state set aside, replaced layers) is released."""
+        return self._history.clear()
+
+    def _refuse_undo(self, record: Record) -> None:
+        """Refuse, before anything changes, an undo that would leave the model and its
+        live optimizer inconsistent."""
+        command = record.change.command
+        fix = "make the opposite change instead, or clear the history"
+        if record.tx is None:
+            raise TorchMagicError(
+                f"cannot undo {command}: the optimizer it edited, "
+                f"'{record.change.optimizer_name}', was re-created since, and undoing would "
+                f"make parameters trainable that the new one does not hold; {fix}"
+            )
+        if record.optimizer is None:
+            model = record.model()
+            assert model is not None  # bound: not stale
+            name, now = self.workspace.resolve_optimizer(record.change.model_name, model)
+            if now is not None:
+                raise TorchMagicError(
+                    f"cannot undo {command}: it ran without an optimizer and '{name}' holds "
+                    f"the model's parameters now; undoing would make parameters trainable "
+                    f"that it does not hold; {fix}"
+                )
+        reason = record.tx.refusal()
+        if reason:
+            raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")
 
     def undo(self) -> Change:
-        """Revert the newest command still applying to a bound model."""
-        record = self._history.pop_live(self._is_live)
-        model = record.model
-        opt = self.workspace.namespace.get(record.change.optimizer_name or "")
-        opt = opt if isinstance(opt, torch.optim.Optimizer) else None
-        before, groups_before = count(model), group_keys(opt)
-        record.tx.revert()
+        """Revert the newest command still applying to a bound model; atomic like the
+        commands (under Ctrl-C too): reverted and out of the history, or neither."""
+        self.prune_history()
+        record = self._history.newest()
+        self._refuse_undo(record)
+        tx = record.tx
+        assert tx is not None  # checked by _refuse_undo
+        model = record.model()
+        assert model is not None  # bound, so alive
+        opt = None if record.optimizer is None else record.optimizer()
+
+        def revert() -> tuple[Counts, dict]:
+            measured = count(model), group_keys(opt)
+            tx.revert()  # its first inverse takes the record out of the history
+            return measured
+
+        before, groups_before = uninterrupted(revert)
         return replace(
             record.change,
             effect=Effect(record.change.effect.modules, record.change.effect.params),
@@ -507,8 +610,10 @@ class Session:
         except TorchMagicError:
             if model is not None:
                 raise
-            return breakdown(None)
-        return breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+            report = breakdown(None)
+        else:
+            report = breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+        return replace(report, history_bytes=self.history_bytes("cpu"))
 
     def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
         """Start the peak-memory counters again; ``tracebacks`` also forgets the last

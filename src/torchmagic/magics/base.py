@@ -23,6 +23,7 @@ from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
 from IPython.utils.process import arg_split
 
+from .. import render
 from ..core import Session, TorchMagicError
 from ..core.surgery.grammar import split_options
 from ..manifest import subcommand_usage, usage
@@ -180,6 +181,27 @@ class TopicMagics(Magics):
             yield
         except TorchMagicError as error:
             raise UsageError(explain(error, magic, kind)) from None
+
+    @contextmanager
+    def interrupts(self, command: str) -> Iterator[None]:
+        """A Ctrl-C still stops the cell, but once the engine has applied ``command`` (it
+        is atomic: applied, and in the history, or not at all) the user is told so."""
+        before = self._history_marks()
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self._history_marks() != before:
+                self.show(
+                    render.message(
+                        f"interrupted after {command} was applied: %tm history lists it, "
+                        "%tm undo reverts it",
+                        self.width,
+                    )
+                )
+            raise
+
+    def _history_marks(self) -> tuple[int, ...]:
+        return tuple(entry.index for entry in self.session.history())
 
     def split(self, magic: MagicFunction, words: Sequence[str]) -> tuple[list[str], dict]:
         """Targets and the typed values of the magic's ``key=value`` options."""

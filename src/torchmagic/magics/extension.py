@@ -43,6 +43,15 @@ class TorchMagics(Configurable):
     width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
     summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
     summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(config=True)
+    history_limit = Integer(
+        100, min=1, help="Commands %tm undo can revert; the oldest are dropped beyond it."
+    ).tag(config=True)
+    history_bytes = Integer(
+        1 << 30,
+        min=0,
+        help="Bytes the undo history may keep alive (optimizer state and layers set aside); "
+        "the oldest commands are dropped beyond it (the last one always stays).",
+    ).tag(config=True)
     scaler_name = Unicode(
         "scaler", help="User variable that %amp on fp16 binds the session's GradScaler to."
     ).tag(config=True)
@@ -86,9 +95,11 @@ class TorchMagics(Configurable):
         self.shell.configurables[:] = [c for c in self.shell.configurables if id(c) not in ours]
 
     def _after_cell(self, result=None) -> None:
-        """Remember compiled models as first seen, so doctor can tell later edits."""
+        """Remember compiled models as first seen, so doctor can tell later edits; let
+        go of the undo logs of rebound models."""
         self.session.workspace.namespace = self.shell.user_ns
         self.session.observe_compiled()
+        self.session.prune_history()
 
     def _session_config(self) -> SessionConfig:
         return SessionConfig(
@@ -96,9 +107,18 @@ class TorchMagics(Configurable):
             unfreeze_lr_ratio=self.unfreeze_lr_ratio,
             summary_depth=self.summary_depth,
             summary_max_rows=self.summary_max_rows,
+            history_limit=self.history_limit,
+            history_bytes=self.history_bytes,
         )
 
-    @observe("bn_policy", "unfreeze_lr_ratio", "summary_depth", "summary_max_rows")
+    @observe(
+        "bn_policy",
+        "unfreeze_lr_ratio",
+        "summary_depth",
+        "summary_max_rows",
+        "history_limit",
+        "history_bytes",
+    )
     def _settings_changed(self, change) -> None:
         if hasattr(self, "session"):
             self.session.config = self._session_config()

@@ -10,6 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import render
 from ..manifest import load_manifest
 from ..render import doctor as doctor_render
+from ..render.base import human_bytes
 from .base import Subcommand, TopicMagics, parse, subcommands
 
 
@@ -24,6 +25,14 @@ class SessionMagics(TopicMagics):
 
     def _undo(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.change(self.session.undo(), self.width)
+
+    def _clear(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        cleared = self.session.clear_history()
+        return render.message(
+            f"history cleared: {cleared.commands} command(s) forgotten, "
+            f"{human_bytes(cleared.nbytes)} released; nothing can be undone now",
+            self.width,
+        )
 
     def _use(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.message(f"current model: {self.session.use(words[0])}", self.width)
@@ -41,12 +50,13 @@ class SessionMagics(TopicMagics):
     @argument(
         "words",
         nargs="*",
-        metavar="history|undo|use NAME|fits|doctor|help",
-        help="history | undo | use NAME | fits | doctor | help",
+        metavar="history|undo|clear|use NAME|fits|doctor|help",
+        help="history | undo | clear | use NAME | fits | doctor | help",
     )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
         Subcommand("undo", _undo, "revert the last command still applying to a bound model"),
+        Subcommand("clear", _clear, "forget the history and release what undo kept alive"),
         Subcommand("use", _use, "make NAME the current model", words="NAME", arity=(1, 1)),
         Subcommand("fits", _fits, "every %fit run side by side"),
         Subcommand("doctor", _doctor, "the classic transfer-learning mistakes, with fixes"),
@@ -54,8 +64,10 @@ class SessionMagics(TopicMagics):
     )
     @line_magic
     def tm(self, line: str) -> None:
-        """Session commands: list the mutating commands, undo the last one, pick the
+        """Session commands: list the mutating commands, undo the last one, clear the
+        history, pick the
         current model, compare every %fit run side by side, diagnose the classic
         transfer-learning mistakes, show this table."""
         args = parse(self.tm, line)
-        self.show(self.dispatch(self.tm, args.words, args))
+        with self.interrupts(f"%tm {line.strip()}"):
+            self.show(self.dispatch(self.tm, args.words, args))

@@ -79,18 +79,19 @@ class SurgeryMagics(TopicMagics):
         """Stop training modules: requires_grad off, grads dropped, parameters out of the
         optimizer (state kept for undo), BatchNorm held in eval."""
         args = parse(self.freeze, line)
-        with self.refusals(self.freeze):
-            if not args.targets and not args.exclude:
-                raise TorchMagicError("name what to freeze", param="targets")
-            result = self.session.freeze(
-                *args.targets,
-                exclude=args.exclude,
-                bn=args.bn,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%freeze {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+        with self.interrupts(f"%freeze {line.strip()}"):
+            with self.refusals(self.freeze):
+                if not args.targets and not args.exclude:
+                    raise TorchMagicError("name what to freeze", param="targets")
+                result = self.session.freeze(
+                    *args.targets,
+                    exclude=args.exclude,
+                    bn=args.bn,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%freeze {line.strip()}",
+                )
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -108,19 +109,20 @@ class SurgeryMagics(TopicMagics):
         """Train modules again, each selected block in its own named param group; lr=A:B
         spreads lrs geometrically over the blocks."""
         args = parse(self.unfreeze, line)
-        with self.refusals(self.unfreeze):
-            targets, options = self.split(self.unfreeze, args.targets)
-            if not targets:
-                raise TorchMagicError("name what to unfreeze", param="targets")
-            result = self.session.unfreeze(
-                *targets,
-                **options,
-                exclude=args.exclude,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%unfreeze {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+        with self.interrupts(f"%unfreeze {line.strip()}"):
+            with self.refusals(self.unfreeze):
+                targets, options = self.split(self.unfreeze, args.targets)
+                if not targets:
+                    raise TorchMagicError("name what to unfreeze", param="targets")
+                result = self.session.unfreeze(
+                    *targets,
+                    **options,
+                    exclude=args.exclude,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%unfreeze {line.strip()}",
+                )
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -145,33 +147,34 @@ class SurgeryMagics(TopicMagics):
         on the old head's device and dtype; the old parameters leave the optimizer, the
         new ones train in the old head's group."""
         args = parse(self.replace_head, line)
-        with self.refusals(self.replace_head):
-            spec, options = self.split(self.replace_head, args.spec)
-            labels = options.get("labels")
-            if len(spec) > 2 or not spec and labels is None:
-                raise TorchMagicError("one head and one class count", param="spec")
-            if len(spec) == 2 or spec and _INT.match(spec[-1]):
-                where, count = ["auto", *spec] if len(spec) == 1 else spec
-            else:
-                where, count = (spec[0] if spec else "auto"), None
-            if count is None and labels is None:
-                raise TorchMagicError(
-                    f"the class count N is missing after '{where}'", param="num_classes"
+        with self.interrupts(f"%replace_head {line.strip()}"):
+            with self.refusals(self.replace_head):
+                spec, options = self.split(self.replace_head, args.spec)
+                labels = options.get("labels")
+                if len(spec) > 2 or not spec and labels is None:
+                    raise TorchMagicError("one head and one class count", param="spec")
+                if len(spec) == 2 or spec and _INT.match(spec[-1]):
+                    where, count = ["auto", *spec] if len(spec) == 1 else spec
+                else:
+                    where, count = (spec[0] if spec else "auto"), None
+                if count is None and labels is None:
+                    raise TorchMagicError(
+                        f"the class count N is missing after '{where}'", param="num_classes"
+                    )
+                if count is not None and not _INT.match(count):
+                    raise TorchMagicError(
+                        f"N must be a whole number of classes, got '{count}'", param="num_classes"
+                    )
+                result = self.session.replace_head(
+                    where,
+                    None if count is None else int(count),
+                    labels=labels,
+                    dropout=args.dropout,
+                    optimizer=args.optimizer,
+                    dry_run=args.dry_run,
+                    command=f"%replace_head {line.strip()}",
                 )
-            if count is not None and not _INT.match(count):
-                raise TorchMagicError(
-                    f"N must be a whole number of classes, got '{count}'", param="num_classes"
-                )
-            result = self.session.replace_head(
-                where,
-                None if count is None else int(count),
-                labels=labels,
-                dropout=args.dropout,
-                optimizer=args.optimizer,
-                dry_run=args.dry_run,
-                command=f"%replace_head {line.strip()}",
-            )
-        self.show(render.change(result, self.width))
+            self.show(render.change(result, self.width))
 
     @magic_arguments()
     @argument(

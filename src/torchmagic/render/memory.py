@@ -58,6 +58,14 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
         parts.append(
             Text(f"{human_bytes(report.elsewhere)} of these tensors live on other devices")
         )
+    if report.history_bytes:
+        parts.append(
+            Text(
+                f"the undo history holds {human_bytes(report.history_bytes)} on the host "
+                "(optimizer state and layers set aside): %tm clear releases it",
+                style=theme.style("dim"),
+            )
+        )
     if report.traceback_frames:
         parts.append(
             Text(

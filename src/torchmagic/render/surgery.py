@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
+from ..core.surgery.history import REBOUND
 from . import theme
 from .base import Rendered, human, human_bytes, lr, table
 
@@ -204,7 +205,7 @@ def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Render
             e.command,
             e.model_name,
             _names(e.modules),
-            "" if e.live else Text("stale: model rebound", style=theme.style("dim")),
+            "" if e.live else Text(f"stale: {e.stale or REBOUND}", style=theme.style("dim")),
         )
     return Rendered(drawn, width)
 

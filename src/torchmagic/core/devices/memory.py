@@ -51,6 +51,7 @@ class MemoryReport:
     total: int | None
     traceback_frames: int
     traceback_bytes: int  # tensors referenced by those frames' locals
+    history_bytes: int = 0  # host tensors the undo history keeps alive (set aside for undo)
 
     @property
     def tensors(self) -> int:

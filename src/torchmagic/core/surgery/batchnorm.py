@@ -15,6 +15,7 @@ from collections import Counter
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.hooks import RemovableHandle
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from ..modules import is_batchnorm, parent_of
@@ -45,30 +46,35 @@ def mode(module: nn.Module) -> str:
 def _hold(bn: nn.Module, tx: Transaction) -> None:
     if is_held(bn):
         return
-    handle = bn.register_forward_pre_hook(hold_in_eval)
     was_training = bn.training
-    bn.training = False
+    handles: list[RemovableHandle] = []
 
     def inverse() -> None:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         bn.training = was_training
 
     tx.add(inverse)
+    handles.append(bn.register_forward_pre_hook(hold_in_eval))
+    bn.training = False
 
 
 def _release(bn: nn.Module, training: bool, tx: Transaction) -> None:
     hooks = bn._forward_pre_hooks
-    for key in [k for k, h in hooks.items() if h is hold_in_eval]:
-        hook = hooks.pop(key)
-        tx.add(lambda key=key, hook=hook: hooks.__setitem__(key, hook))
+    held = [(k, h) for k, h in hooks.items() if h is hold_in_eval]
+    tx.add(lambda: hooks.update(held))  # back under their keys (a re-run changes nothing)
+    for key, _ in held:
+        del hooks[key]
     tx.set_attr(bn, "training", training)
 
 
 def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
     parent, attr = parent_of(root, name)
     old = parent._modules[attr]
-    setattr(parent, attr, new)
+    assert old is not None  # a BatchNorm was found there
     tx.add(lambda: setattr(parent, attr, old))
+    tx.hold([*old.parameters(), *old.buffers()])
+    setattr(parent, attr, new)
 
 
 # The BatchNorm2d each FrozenBatchNorm2d stands in for, so unfreezing puts the very same
@@ -109,13 +115,10 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
     old = mine["running_mean"]
     if old.device != ref.device or old.dtype != ref.dtype:
         device, dtype = old.device, old.dtype
-        bn.to(device=ref.device, dtype=ref.dtype)
         tx.add(lambda: bn.to(device=device, dtype=dtype))
+        bn.to(device=ref.device, dtype=ref.dtype)
         mine = _tensors(bn)
     saved = [(tensor, tensor.detach().clone()) for tensor in mine.values()]
-    with torch.no_grad():
-        for name, tensor in mine.items():
-            tensor.copy_(theirs[name])
 
     def restore() -> None:
         with torch.no_grad():
@@ -123,12 +126,16 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
                 tensor.copy_(value)
 
     tx.add(restore)
+    tx.hold(value for _, value in saved)
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            tensor.copy_(theirs[name])
     tx.set_attr(bn, "training", training)
     return bn
 
 
 def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
-    out = []
+    out: list[tuple[str, nn.Module]] = []
     for block in selection.blocks:
         items = (
             block.module.named_modules(prefix=block.name)

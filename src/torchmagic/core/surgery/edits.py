@@ -34,16 +34,14 @@ class BoundModel:
 
 def _set_requires_grad(params: Sequence[nn.Parameter], flag: bool, tx: Transaction) -> None:
     changed = [p for p in params if p.requires_grad != flag]
+    tx.add(lambda: [p.requires_grad_(not flag) for p in changed])
     for p in changed:
         p.requires_grad_(flag)
-    tx.add(lambda: [p.requires_grad_(not flag) for p in changed])
 
 
 def _drop_grads(params: Sequence[nn.Parameter], tx: Transaction) -> None:
     """``.grad = None`` to free memory; kept only until commit so a rollback is exact."""
     held = [(p, p.grad) for p in params if p.grad is not None]
-    for p, _ in held:
-        p.grad = None
 
     def restore() -> None:
         for p, grad in held:
@@ -51,6 +49,8 @@ def _drop_grads(params: Sequence[nn.Parameter], tx: Transaction) -> None:
 
     tx.add(restore)
     tx.on_commit(held.clear)
+    for p, _ in held:
+        p.grad = None
 
 
 def _numel(params: Sequence[nn.Parameter]) -> int:
@@ -308,6 +308,7 @@ def replace_head(
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
+    tx.hold([*old_params, *(b for _, m in located for b in m.buffers())])
     for (name, _), new in zip(located, new_modules, strict=True):
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)

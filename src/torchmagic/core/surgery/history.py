@@ -1,23 +1,43 @@
-"""The session's record of mutating commands, newest last, each with its undo log."""
+"""The session's record of mutating commands, newest last, each with its undo log.
+
+Records hold their model and optimizer weakly. A record whose model is no longer bound to
+its variable, or whose optimizer was re-created, is *released*: its undo log goes (so it
+keeps no old model, optimizer or state alive) and its entry stays listed as stale. The log
+is capped in entries and bytes: the oldest records go first; the newest always stays.
+"""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import torch
 from torch import nn
 
 from ..errors import TorchMagicError
 from .results import Change, HistoryEntry
 from .transaction import Transaction
 
+REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
+
 
 @dataclass
 class Record:
     index: int
     change: Change
-    model: nn.Module
-    tx: Transaction
+    model: weakref.ReferenceType[nn.Module]
+    optimizer: weakref.ReferenceType[torch.optim.Optimizer] | None
+    tx: Transaction | None  # None once released: listed, never undone
+    stale: str = ""  # why it was released
+
+
+class Cleared(NamedTuple):
+    """What ``clear`` dropped: records, and bytes their undo logs held."""
+
+    commands: int
+    nbytes: int
 
 
 class History:
@@ -25,11 +45,56 @@ class History:
         self._records: list[Record] = []
         self._next = 1
 
-    def push(self, change: Change, model: nn.Module, tx: Transaction) -> None:
-        self._records.append(Record(self._next, change, model, tx))
+    def push(
+        self,
+        change: Change,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        tx: Transaction,
+        max_entries: int,
+        max_bytes: int,
+    ) -> int:
+        """Record a committed command; undoing it (reverting ``tx``) also removes the
+        record. Appending is the commit point: a record in the history is a command
+        applied. Returns how many of the oldest records were dropped to keep within
+        ``max_entries`` and ``max_bytes``."""
+        record = Record(
+            self._next,
+            change,
+            weakref.ref(model),
+            None if optimizer is None else weakref.ref(optimizer),
+            tx,
+        )
+        tx.add(lambda: self._discard(record))
         self._next += 1
+        self._records.append(record)
+        drop = self._overflow(max_entries, max_bytes)
+        del self._records[:drop]
+        return drop
 
-    def entries(self, is_live: Callable[[Record], bool]) -> tuple[HistoryEntry, ...]:
+    def _overflow(self, max_entries: int, max_bytes: int) -> int:
+        """How many of the oldest records to drop so that the rest fit; never the newest."""
+        sizes = [r.tx.nbytes() if r.tx is not None else 0 for r in self._records]
+        total, drop = sum(sizes), 0
+        while drop < len(sizes) - 1 and (len(sizes) - drop > max_entries or total > max_bytes):
+            total -= sizes[drop]
+            drop += 1
+        return drop
+
+    def _discard(self, record: Record) -> None:
+        self._records = [r for r in self._records if r is not record]
+
+    def holds(self, tx: Transaction) -> bool:
+        """Whether ``tx`` is the undo log of a recorded (so: applied) command."""
+        return any(r.tx is tx for r in self._records)
+
+    def release(self, reason_of: Callable[[Record], str]) -> None:
+        """Drop the undo log of every record ``reason_of`` gives a reason for."""
+        for record in self._records:
+            if record.tx is not None and (reason := reason_of(record)):
+                record.tx, record.stale = None, reason
+
+    def entries(self) -> tuple[HistoryEntry, ...]:
         return tuple(
             HistoryEntry(
                 index=r.index,
@@ -37,18 +102,25 @@ class History:
                 action=r.change.action,
                 model_name=r.change.model_name,
                 modules=r.change.effect.modules,
-                live=is_live(r),
+                live=r.tx is not None,
+                stale=r.stale,
             )
             for r in self._records
         )
 
-    def pop_live(self, is_live: Callable[[Record], bool]) -> Record:
-        """The newest record whose model is still bound to its variable.
-
-        Records of rebound models stay listed (marked stale) but are never undone: their
-        objects are no longer what the user's variable names.
-        """
-        for i in range(len(self._records) - 1, -1, -1):
-            if is_live(self._records[i]):
-                return self._records.pop(i)
+    def newest(self) -> Record:
+        """The newest record whose model is still bound (it may be stale for another
+        reason: the caller refuses then). Records of rebound models are skipped."""
+        for record in reversed(self._records):
+            if record.stale != REBOUND:
+                return record
         raise TorchMagicError("nothing to undo")
+
+    def nbytes(self, device_type: str | None = None) -> int:
+        """Bytes the undo logs keep alive, on devices of ``device_type`` or on all."""
+        return sum(r.tx.nbytes(device_type) for r in self._records if r.tx is not None)
+
+    def clear(self) -> Cleared:
+        cleared = Cleared(len(self._records), self.nbytes())
+        self._records = []
+        return cleared

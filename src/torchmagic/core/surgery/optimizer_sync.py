@@ -61,13 +61,16 @@ class Homes:
 
     def observe(self, optimizer: torch.optim.Optimizer) -> None:
         """Parameters seen for the first time (or whose home left the optimizer) get the
-        group they are in as their home."""
+        group they are in as their home. Not undone (it records what already is), but
+        all at once."""
         live = {id(g) for g in optimizer.param_groups}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                home = self._home(p)
-                if home is None or id(home) not in live:
-                    self._groups[id(p)] = (p, group)
+        seen = {
+            id(p): (p, group)
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if (home := self._home(p)) is None or id(home) not in live
+        }
+        self._groups.update(seen)
 
     def index(self, optimizer: torch.optim.Optimizer, p: nn.Parameter) -> int | None:
         """Where ``p``'s home group is in ``optimizer.param_groups``; None without one."""
@@ -80,8 +83,6 @@ class Homes:
     def settle(self, params: Sequence[nn.Parameter], group: dict, tx: Transaction) -> None:
         """Make ``group`` the home of ``params``; undone with the command."""
         old = [(p, self._groups.get(id(p))) for p in params]
-        for p in params:
-            self._groups[id(p)] = (p, group)
 
         def restore() -> None:
             for p, entry in old:
@@ -91,6 +92,8 @@ class Homes:
                     self._groups[id(p)] = entry
 
         tx.add(restore)
+        for p in params:
+            self._groups[id(p)] = (p, group)
 
 
 _HOMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -143,13 +146,34 @@ def _changed_keys(group: dict, saved: dict) -> set[str]:
     return {k for k in group.keys() | saved.keys() if not _same(group.get(k), saved.get(k))}
 
 
+def _new_since(
+    optimizer: torch.optim.Optimizer, groups: Sequence[dict], saved: Sequence[dict]
+) -> tuple[list[dict], list[nn.Parameter]]:
+    """The param groups (by identity) and parameters in ``optimizer`` that were not in
+    ``groups`` / the ``saved`` copies of them."""
+    old = {id(g) for g in groups}
+    held = {id(p) for copy in saved for p in copy["params"]}
+    new_groups = [g for g in optimizer.param_groups if id(g) not in old]
+    new_params = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in held]
+    return new_groups, new_params
+
+
+def _later(optimizer: torch.optim.Optimizer, groups: Sequence[dict], ours: Sequence[dict]):
+    """Groups in ``optimizer`` that are neither ``groups`` nor ``ours``: the user's, added
+    after the command."""
+    known = {id(g) for g in (*groups, *ours)}
+    return [g for g in optimizer.param_groups if id(g) not in known]
+
+
 class OptimizerEditor:
     """Edits one optimizer inside a transaction.
 
     The inverse puts every group back in its place with its old members and drops the
-    groups the command added. Hyper-parameters (lr, weight decay, schedule keys) go back
-    only in groups whose hyper-parameters the command itself changed: a group that merely
-    lost or gained members keeps the lr its scheduler has moved it to since.
+    groups the command added, with the state of the parameters the command added. Groups
+    the user added after the command stay (after the others), with their state.
+    Hyper-parameters (lr, weight decay, schedule keys) go back only in groups whose
+    hyper-parameters the command itself changed: a group that merely lost or gained
+    members keeps the lr its scheduler has moved it to since.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, tx: Transaction, model: nn.Module) -> None:
@@ -161,8 +185,17 @@ class OptimizerEditor:
         saved = [_copy_group(g) for g in groups]
         # what to restore per group; until commit (a rollback) everything
         restore_keys: list[set[str] | None] = [None] * len(groups)
+        made: list[tuple[list[dict], list[nn.Parameter]]] = []
+
+        def made_here() -> tuple[list[dict], list[nn.Parameter]]:
+            """The groups and parameters the command added: fixed at commit (or at a
+            rollback), so groups and parameters the user adds later are not the command's."""
+            if not made:
+                made.append(_new_since(optimizer, groups, saved))
+            return made[0]
 
         def seal() -> None:
+            made_here()
             for i, (group, copy) in enumerate(zip(groups, saved, strict=True)):
                 changed = _changed_keys(group, copy)
                 restore_keys[i] = (
@@ -172,6 +205,7 @@ class OptimizerEditor:
                 )
 
         def restore() -> None:
+            ours, added_params = made_here()
             for group, copy, keys in zip(groups, saved, restore_keys, strict=True):
                 if keys is None:
                     group.clear()
@@ -183,13 +217,26 @@ class OptimizerEditor:
                         group[key] = fresh[key]
                     else:
                         group.pop(key, None)
-            optimizer.param_groups[:] = groups
-            live = {id(p) for g in groups for p in g["params"]}
-            for p in [p for p in optimizer.state if id(p) not in live]:
-                del optimizer.state[p]  # state of parameters the command had added
+            optimizer.param_groups[:] = [*groups, *_later(optimizer, groups, ours)]
+            live = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            for p in added_params:
+                if id(p) not in live and p in optimizer.state:
+                    del optimizer.state[p]
+
+        def clash() -> str | None:
+            back = {id(p) for copy in saved for p in copy["params"]}
+            later = _later(optimizer, groups, made_here()[0])
+            n = sum(id(p) in back for g in later for p in g["params"])
+            if not n:
+                return None
+            return (
+                f"{n} parameter tensors it took out of the optimizer are in a param group "
+                "added since: undoing would put them in two groups"
+            )
 
         tx.add(restore)
         tx.on_commit(seal)
+        tx.refuse_undo_if(clash)
 
     @property
     def uses_param_names(self) -> bool:
@@ -227,7 +274,6 @@ class OptimizerEditor:
         for index in sorted({where[id(p)] for p in params if id(p) in where}):
             group = self.optimizer.param_groups[index]
             book.settle([p for p in params if where.get(id(p)) == index], group, self._tx)
-        self.detach(params)
         state = self.optimizer.state
         stash: list[tuple[nn.Parameter, dict]] = []
         freed = 0
@@ -236,7 +282,7 @@ class OptimizerEditor:
                 continue
             kept: dict[str, tuple[object, torch.device | None]] = {}
             group = self.optimizer.param_groups[where[id(p)]] if id(p) in where else {}
-            for key, value in state.pop(p).items():
+            for key, value in state[p].items():
                 if not isinstance(value, torch.Tensor):
                     kept[key] = (value, None)
                     continue
@@ -254,7 +300,13 @@ class OptimizerEditor:
                     for k, (v, home) in kept.items()
                 }
 
-        self._tx.add(restore_state)
+        self._tx.add(restore_state)  # before anything leaves the optimizer
+        self._tx.hold(
+            v for _, kept in stash for v, _ in kept.values() if isinstance(v, torch.Tensor)
+        )
+        self.detach(params)
+        for p, _ in stash:
+            del state[p]
         return freed
 
     def add_group(

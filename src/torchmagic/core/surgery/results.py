@@ -104,7 +104,8 @@ class HistoryEntry:
     action: str
     model_name: str
     modules: tuple[str, ...]
-    live: bool  # False once the variable was rebound to another model: cannot be undone
+    live: bool  # False once it cannot be undone any more (``stale`` says why)
+    stale: str = ""  # "model rebound", "optimizer re-created"
 
 
 @dataclass(frozen=True)
