@@ -51,7 +51,7 @@ from .training.amp import AmpController, AmpStatus, cell_autocast
 from .training.fit import FitHistory, FitObserver, FitPlan, resolve_loss
 from .training.fit import fit as run_fit
 from .training.schedule_steps import SchedStep
-from .workspace import Workspace
+from .workspace import StaleOptimizerError, Workspace
 
 
 @dataclass
@@ -100,28 +100,38 @@ class Session:
 
     # -- resolving -------------------------------------------------------------------
 
-    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> edits.BoundModel:
-        opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
+    def _target(
+        self, name: str, model: nn.Module, optimizer: str | None, reading: bool = False
+    ) -> edits.BoundModel:
+        """``model`` with its optimizer and schedulers. An optimizer holding none of its
+        parameters is refused; ``reading`` (commands that only show) treats it as none."""
+        try:
+            opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
+        except StaleOptimizerError:
+            if not reading:
+                raise
+            opt_name, opt = None, None
         scheds = self.workspace.schedulers(opt) if opt is not None else []
         return edits.BoundModel(unwrap(model), name, opt, opt_name, scheds)
 
-    def bound(self, model: str | None = None, optimizer: str | None = None) -> edits.BoundModel:
-        """The named (or current) model with the optimizer and schedulers bound to it."""
+    def bound(
+        self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
+    ) -> edits.BoundModel:
+        """The named (or current) model with the optimizer and schedulers bound to it;
+        ``reading``: for a command that only shows, so a stale optimizer counts as none."""
         name, module = self.workspace.resolve_model(model)
-        return self._target(name, module, optimizer)
+        return self._target(name, module, optimizer, reading)
 
     def _selection(self, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None):
         parsed = parse_targets(targets) if targets else ()
         excluded = parse_targets(exclude)
         name, model, relative = self.workspace.split_root(parsed)
         target = self._target(name, model, optimizer)
-        relative_excluded = []
-        for t in excluded:
-            relative_excluded.append(t.without_head() if t.head == name else t)
+        relative_excluded = [self.workspace.relative_to(name, t) for t in excluded]
         return target, select(target.model, relative, relative_excluded)
 
     def _one_module(
-        self, where: str | None, optimizer: str | None = None
+        self, where: str | None, optimizer: str | None = None, reading: bool = False
     ) -> tuple[edits.BoundModel, str, nn.Module]:
         """The model ``where`` names (or the current one) and the one module inside it
         that ``where``'s path names: (bound model, relative name, module)."""
@@ -131,7 +141,7 @@ class Session:
         else:
             name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
-        target = self._target(name, model, optimizer)
+        target = self._target(name, model, optimizer, reading)
         if relative is None or relative.is_whole:
             return target, "", target.model
         hits = resolve(target.model, relative)
@@ -160,12 +170,14 @@ class Session:
         notes = distributed.check_surgery(action, target.model, self.workspace.items())
         before = count(target.model)
         groups_before = group_keys(target.optimizer)
+        state_before = edits.fingerprint(target)
         tx = Transaction()
         try:
             effect = step(tx)
         except BaseException:
             tx.revert()
             raise
+        unchanged = edits.fingerprint(target) == state_before
         effect = replace(effect, notes=effect.notes + notes)
         change = Change(
             action=action,
@@ -177,15 +189,16 @@ class Session:
             optimizer_name=target.optimizer_name,
             groups=describe_groups(target.optimizer, groups_before, target.schedulers),
             dry_run=dry_run,
+            unchanged=unchanged,
         )
-        if dry_run:
+        if dry_run or unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
             return change
         tx.commit()
         self._history.push(change, target.model, tx)
         self.workspace.current = target.model_name
         if target.optimizer_name is not None:
-            self.workspace.optimizer_of[target.model_name] = target.optimizer_name
+            self.workspace.remember(target.model_name, target.model, target.optimizer_name)
         return change
 
     # -- surgery ---------------------------------------------------------------------
@@ -276,7 +289,7 @@ class Session:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""
         if depth is not None and depth < 0:
             raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
-        target, relative_name, root = self._one_module(where)
+        target, relative_name, root = self._one_module(where, reading=True)
         label = f"{target.model_name}.{relative_name}" if relative_name else target.model_name
         return summarize(
             root,
@@ -297,6 +310,10 @@ class Session:
     def history(self) -> tuple[HistoryEntry, ...]:
         """Every command so far, oldest first; entries on a rebound model are stale."""
         return self._history.entries(self._is_live)
+
+    def undone(self) -> tuple[str, ...]:
+        """The commands :meth:`undo` reverted, oldest first."""
+        return tuple(self._history.undone)
 
     def undo(self) -> Change:
         """Revert the newest command still applying to a bound model."""
@@ -359,9 +376,12 @@ class Session:
         return torch.device("cpu")
 
     def device_type(self, model: str | None = None) -> str:
-        """The session's device type, else that of the (current) model's parameters."""
+        """The session's device type, else that of the (current) model's parameters,
+        else (no model yet) that of the best device available."""
         if self.device is not None:
             return self.device.type
+        if model is None and not self.workspace.models():
+            return resolve_device("auto").type
         _, module = self.workspace.resolve_model(model)
         return self.model_device(unwrap(module)).type
 
@@ -380,7 +400,7 @@ class Session:
     def check(self, model: str | None = None) -> CheckReport:
         """Tensors of the (current) model, its optimizer and the GradScaler that are not
         where the model's parameters are, each with its fix; changes nothing."""
-        bound = self.bound(model)
+        bound = self.bound(model, reading=True)
         return find_misplaced(
             bound.model,
             bound.optimizer,
@@ -398,18 +418,21 @@ class Session:
         """Memory in use on the (current) model's device, broken down into parameters,
         gradients, optimizer state and the rest; the device figures alone when no model
         is named and none can be found."""
+        namespace = self.workspace.namespace
         try:
-            bound = self.bound(model)
+            bound = self.bound(model, reading=True)
         except TorchMagicError:
             if model is not None:
                 raise
-            return breakdown(None)
-        return breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+            return breakdown(None, namespace=namespace)
+        return breakdown(
+            bound.model, bound.optimizer, model_name=bound.model_name, namespace=namespace
+        )
 
     def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
         """Start the peak-memory counters again; ``tracebacks`` also forgets the last
         traceback, whose frames can keep tensors alive."""
-        return reset_peak_counters(tracebacks)
+        return reset_peak_counters(tracebacks, self.workspace.namespace)
 
     def estimate(
         self,
@@ -490,8 +513,16 @@ class Session:
         name, module = self.workspace.resolve_model(model)
         target = self._target(name, module, optimizer)
         if target.optimizer is None:
+            stale = self.workspace.stale_optimizers()
+            left_over = (
+                f" ({', '.join(repr(n) for n in stale)} "
+                f"{'holds' if len(stale) == 1 else 'hold'} the parameters of a model no "
+                f"variable names any more: was '{name}' re-created after it?)"
+                if stale
+                else ""
+            )
             raise TorchMagicError(
-                f"no optimizer holds the parameters of '{name}'; create one, e.g. "
+                f"no optimizer holds the parameters of '{name}'{left_over}; create one, e.g. "
                 f"optimizer = torch.optim.AdamW(p for p in {name}.parameters() "
                 "if p.requires_grad)"
             )

@@ -140,6 +140,10 @@ class SurgeryMagics(TopicMagics):
             if len(args.spec) > 2:
                 raise TorchMagicError("one head and one class count", param="spec")
             where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
+            if len(args.spec) == 1 and not _INT.match(count):
+                raise TorchMagicError(
+                    f"the number of classes is missing after '{count}'", param="num_classes"
+                )
             if not _INT.match(count):
                 raise TorchMagicError(
                     f"N must be a whole number of classes, got '{count}'", param="num_classes"

@@ -24,6 +24,7 @@ class History:
     def __init__(self) -> None:
         self._records: list[Record] = []
         self._next = 1
+        self.undone: list[str] = []  # commands reverted by undo, oldest first
 
     def push(self, change: Change, model: nn.Module, tx: Transaction) -> None:
         self._records.append(Record(self._next, change, model, tx))
@@ -50,5 +51,7 @@ class History:
         """
         for i in range(len(self._records) - 1, -1, -1):
             if is_live(self._records[i]):
-                return self._records.pop(i)
+                record = self._records.pop(i)
+                self.undone.append(record.change.command)
+                return record
         raise TorchMagicError("nothing to undo")
