@@ -127,7 +127,7 @@ class Workspace:
             return target
         if head == root:
             return target.without_head()
-        owner = self.owner_of(head) if self.module(head) is not None else None
+        owner = self.owner_of(head)
         if owner is None or owner[0] != root:
             return target
         return _under(owner[1], target.without_head())
@@ -189,7 +189,7 @@ class Workspace:
                 raise TorchMagicError(
                     f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
                 )
-            if any(True for _ in optimizer_params(value)) and not _holds(value, ids):
+            if not _empty(value) and not _holds(value, ids):
                 raise self._stale(name, value, model_name)
             return name, value
         optimizers = self.optimizers()
@@ -209,11 +209,8 @@ class Workspace:
         value = self.namespace.get(remembered) if remembered is not None else None
         if remembered is not None and isinstance(value, torch.optim.Optimizer):
             made_for = self._remembered_for.get(model_name)
-            if (
-                made_for is None
-                or made_for() is not unwrap(model)
-                or any(True for _ in optimizer_params(value))
-            ):
+            rebound = made_for is not None and made_for() is not unwrap(model)
+            if rebound or not _empty(value):
                 raise self._stale(remembered, value, model_name)
             return remembered, value
         return None, None
@@ -250,11 +247,7 @@ class Workspace:
         """Optimizers holding parameters of no bound model: left over from a model that
         was re-created or re-bound."""
         bound = {id(p) for m in self.models().values() for p in unwrap(m).parameters()}
-        return [
-            n
-            for n, o in self.optimizers()
-            if any(True for _ in optimizer_params(o)) and not _holds(o, bound)
-        ]
+        return [n for n, o in self.optimizers() if not _empty(o) and not _holds(o, bound)]
 
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
         """Schedulers driving ``optimizer`` (torch's and timm's, with the children of
@@ -269,6 +262,11 @@ class Workspace:
 
 def _has_parameters(value: object) -> bool:
     return isinstance(value, nn.Module) and any(True for _ in unwrap(value).parameters())
+
+
+def _empty(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether no group holds a parameter (a freeze of the whole model empties them)."""
+    return not any(True for _ in optimizer_params(optimizer))
 
 
 def _holds(optimizer: torch.optim.Optimizer, ids: Container[int]) -> bool:
