@@ -24,6 +24,7 @@ _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 # CPU feature flags (Linux /proc/cpuinfo) of instructions that compute in bf16 natively.
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+CPUINFO = "/proc/cpuinfo"
 
 
 @functools.cache
@@ -32,7 +33,7 @@ def cpu_has_native_bf16() -> bool:
     CPU autocast emulates bf16 and is usually slower than fp32. Where the flags cannot be
     read, torch's CPU capability decides (AMX means bf16), else it is assumed."""
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+        with open(CPUINFO, encoding="ascii", errors="replace") as info:
             for line in info:
                 key, _, value = line.partition(":")
                 if key.strip() in ("flags", "Features"):
