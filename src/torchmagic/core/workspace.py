@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -260,7 +261,7 @@ class Workspace:
         return scheduler_sync.bound_to(found, optimizer)
 
 
-def _has_parameters(value: object) -> bool:
+def _has_parameters(value: object) -> TypeGuard[nn.Module]:
     return isinstance(value, nn.Module) and any(True for _ in unwrap(value).parameters())
 
 

@@ -145,7 +145,9 @@ def traceback_hold(namespace: Mapping | None = None) -> tuple[int, int]:
     namespace) or from ``namespace`` would stay alive without it, so they are not counted.
     """
     frames = list(_frames(_last_traceback()))
-    globals_ = {id(tb.tb_frame.f_globals): tb.tb_frame.f_globals for tb in frames}
+    globals_: dict[int, Mapping] = {
+        id(tb.tb_frame.f_globals): tb.tb_frame.f_globals for tb in frames
+    }
     if namespace is not None:
         globals_[id(namespace)] = namespace
     elsewhere = _reachable_from(globals_.values())

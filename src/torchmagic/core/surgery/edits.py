@@ -66,23 +66,30 @@ def _acted_on(selection: Selection) -> list[Block]:
     ]
 
 
-def _block_state(model: nn.Module, block: Block, opt: torch.optim.Optimizer | None) -> tuple:
-    """What a freeze or unfreeze can change in ``block`` (looked up by name, so a swapped
+def _states(
+    model: nn.Module, blocks: Sequence[Block], opt: torch.optim.Optimizer | None
+) -> list[tuple]:
+    """What a freeze or unfreeze can change in each block (looked up by name, so a swapped
     BatchNorm counts): its modules' identity, mode and pre-hooks, its parameters'
     trainability and optimizer membership."""
     held = group_index(opt) if opt is not None else {}
-    live = Block(block.name, model.get_submodule(block.name), block.recurse)
-    return (
-        tuple((id(m), m.training, len(m._forward_pre_hooks)) for m in live.modules()),
-        tuple((id(p), p.requires_grad, id(p) in held) for p in live.parameters()),
-    )
+    states = []
+    for block in blocks:
+        live = Block(block.name, model.get_submodule(block.name), block.recurse)
+        states.append(
+            (
+                tuple((id(m), m.training, len(m._forward_pre_hooks)) for m in live.modules()),
+                tuple((id(p), p.requires_grad, id(p) in held) for p in live.parameters()),
+            )
+        )
+    return states
 
 
 def fingerprint(target: BoundModel) -> tuple:
     """Everything a surgery command can change in the model and its optimizer, so that a
     command that changed nothing can say so (and leave no history entry)."""
     return (
-        _block_state(target.model, Block("", target.model), target.optimizer),
+        _states(target.model, [Block("", target.model)], target.optimizer),
         tuple(group_keys(target.optimizer).values()),
     )
 
@@ -100,11 +107,8 @@ def _effect(
     command leaves them (their state in ``before`` is unchanged), the parameters whose
     trainability ``flipped``, and what ``--except`` kept out."""
     names = tuple(b.name or "(whole model)" for b in blocks)
-    already = tuple(
-        name
-        for name, block, state in zip(names, blocks, before, strict=True)
-        if _block_state(selection.model, block, target.optimizer) == state
-    )
+    after = _states(selection.model, blocks, target.optimizer)
+    already = tuple(name for name, old, new in zip(names, before, after, strict=True) if old == new)
     if selection.excluded:
         names = selection.scope
     return Effect(
@@ -122,7 +126,7 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
     blocks = _acted_on(selection)
-    before = [_block_state(selection.model, b, target.optimizer) for b in blocks]
+    before = _states(selection.model, blocks, target.optimizer)
     flipped = [p for p in params if p.requires_grad]
     freed = 0
     if target.optimizer is not None:
@@ -276,7 +280,7 @@ def unfreeze(
     if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
         raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     acted_on = _acted_on(selection)
-    before = [_block_state(selection.model, b, opt) for b in acted_on]
+    before = _states(selection.model, acted_on, opt)
     swapped, modes = batchnorm.release(selection, tx)
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
