@@ -39,7 +39,7 @@ from torchmagic.core.surgery.results import (
     GroupInfo,
     HistoryEntry,
 )
-from torchmagic.core.training.amp import AmpStatus
+from torchmagic.core.training.amp import KEPT_FP32, AmpStatus
 from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
 from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
 from torchmagic.core.training.progressive import Unfrozen
@@ -96,6 +96,27 @@ def _undo_live() -> Change:
     tm = Session(model, opt)
     tm.freeze("layer1", command="%freeze layer1")
     return tm.undo()
+
+
+def _unchanged_live() -> Change:
+    model, opt = _tiny()
+    tm = Session(model, opt)
+    tm.freeze("layer1-2", command="%freeze layer1-2")
+    return tm.freeze("layer1-2", command="%freeze layer1-2")
+
+
+def _except_live() -> Change:
+    """The title names what was kept out; pool and flat (no parameters) are not listed."""
+    model, opt = _tiny()
+    return Session(model, opt).freeze(exclude=["fc"], command="%freeze model --except fc")
+
+
+def _partly_already_live() -> Change:
+    model, opt = _tiny()
+    tm = Session(model, opt)
+    tm.freeze("layer1-2")
+    tm.unfreeze("layer2")
+    return tm.unfreeze("layer1-2", command="%unfreeze layer1-2")
 
 
 # -- hand-built results ----------------------------------------------------------------
@@ -482,9 +503,13 @@ CASES: dict[str, Callable[[], object]] = {
     "change_unfreeze_scheduled": _unfreeze_scheduled,
     "change_mixed_schedules": _mixed_schedules,
     "change_no_optimizer": _no_optimizer,
+    "change_unchanged": _unchanged_live,
+    "change_except": _except_live,
+    "change_partly_already": _partly_already_live,
     "summary": _summary_live,
     "history": _history,
     "history_empty": lambda: CommandHistory(()),
+    "history_all_undone": lambda: CommandHistory((), ("%unfreeze layer4", "%freeze layer1-3")),
     "manifest_help": _manifest,
     "message": lambda: "current model: model",
     "fit_history": _fit,
@@ -505,6 +530,7 @@ CASES: dict[str, Callable[[], object]] = {
     "amp_off": lambda: AmpStatus(False, None, "cpu", False, None),
     "amp_fp16": lambda: AmpStatus(True, "float16", "cuda", True, 65536.0, "GradScaler created"),
     "amp_bf16": lambda: AmpStatus(True, "bfloat16", "cuda", False, None),
+    "amp_kept_fp32": lambda: AmpStatus(False, None, "cpu", False, None, KEPT_FP32),
     "devices": _devices,
     "moved": _moved,
     "moved_nothing": lambda: MoveReport("model", "cpu", 0, 0, 0, 0, 0, ()),

@@ -108,7 +108,9 @@ def test_rerunning_the_cell_picks_up_the_new_model(ip):
     run(ip, SETUP)
     old = ip.user_ns["model"]
     run(ip, "%freeze layer1")
+    # model and optimizer cells re-run (the model cell alone: tests/test_stale_optimizer.py)
     run(ip, "model = torchvision.models.resnet18(weights=None)")
+    run(ip, "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)")
     run(ip, "%freeze layer2")
     new = ip.user_ns["model"]
     assert all(p.requires_grad for p in new.layer1.parameters())

@@ -7,6 +7,7 @@ from IPython.utils.capture import capture_output
 
 import torchmagic
 from cuda_fakes import fake_cuda
+from torchmagic.core.training import amp as amp_module
 
 SETUP = """
 import torch
@@ -29,7 +30,8 @@ def run(ip, source):
     return result.result
 
 
-def test_amp_status_on_off(ip):
+def test_amp_status_on_off(ip, monkeypatch):
+    monkeypatch.setattr(amp_module, "cpu_has_native_bf16", lambda: True)
     run(ip, SETUP)
     with capture_output() as cap:
         run(ip, "%amp")

@@ -64,7 +64,7 @@ from .training.lr_find import LrFindResult, check_range, find_lr
 from .training.progressive import Monitor, Pacing, check_pacing
 from .training.recipe import FineTuneResult, fine_tune_blocks
 from .training.schedule_steps import SchedStep
-from .workspace import Workspace
+from .workspace import StaleOptimizerError, Workspace
 from .zoo import LoadedModel
 from .zoo import load_model as build_model
 
@@ -119,28 +119,38 @@ class Session:
 
     # -- resolving -------------------------------------------------------------------
 
-    def _target(self, name: str, model: nn.Module, optimizer: str | None) -> edits.BoundModel:
-        opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
+    def _target(
+        self, name: str, model: nn.Module, optimizer: str | None, reading: bool = False
+    ) -> edits.BoundModel:
+        """``model`` with its optimizer and schedulers. An optimizer holding none of its
+        parameters is refused; ``reading`` (commands that only show) treats it as none."""
+        try:
+            opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
+        except StaleOptimizerError:
+            if not reading:
+                raise
+            opt_name, opt = None, None
         scheds = self.workspace.schedulers(opt) if opt is not None else []
         return edits.BoundModel(unwrap(model), name, opt, opt_name, scheds)
 
-    def bound(self, model: str | None = None, optimizer: str | None = None) -> edits.BoundModel:
-        """The named (or current) model with the optimizer and schedulers bound to it."""
+    def bound(
+        self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
+    ) -> edits.BoundModel:
+        """The named (or current) model with the optimizer and schedulers bound to it;
+        ``reading``: for a command that only shows, so a stale optimizer counts as none."""
         name, module = self.workspace.resolve_model(model)
-        return self._target(name, module, optimizer)
+        return self._target(name, module, optimizer, reading)
 
     def _selection(self, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None):
         parsed = parse_targets(targets) if targets else ()
         excluded = parse_targets(exclude)
         name, model, relative = self.workspace.split_root(parsed)
         target = self._target(name, model, optimizer)
-        relative_excluded = []
-        for t in excluded:
-            relative_excluded.append(t.without_head() if t.head == name else t)
+        relative_excluded = [self.workspace.relative_to(name, t) for t in excluded]
         return target, select(target.model, relative, relative_excluded)
 
     def _one_module(
-        self, where: str | None, optimizer: str | None = None
+        self, where: str | None, optimizer: str | None = None, reading: bool = False
     ) -> tuple[edits.BoundModel, str, nn.Module]:
         """The model ``where`` names (or the current one) and the one module inside it
         that ``where``'s path names: (bound model, relative name, module)."""
@@ -150,7 +160,7 @@ class Session:
         else:
             name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
-        target = self._target(name, model, optimizer)
+        target = self._target(name, model, optimizer, reading)
         if relative is None or relative.is_whole:
             return target, "", target.model
         hits = resolve(target.model, relative)
@@ -184,6 +194,7 @@ class Session:
         def apply(tx: Transaction) -> Change:
             before = count(target.model)
             groups_before = group_keys(target.optimizer)
+            state_before = edits.fingerprint(target)
             effect = step(tx)
             return Change(
                 action=action,
@@ -195,6 +206,7 @@ class Session:
                 optimizer_name=target.optimizer_name,
                 groups=describe_groups(target.optimizer, groups_before, target.schedulers),
                 dry_run=dry_run,
+                unchanged=edits.fingerprint(target) == state_before,
             )
 
         change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run))
@@ -211,7 +223,7 @@ class Session:
         tx = Transaction()
         try:
             change = apply(tx)
-            if dry_run:
+            if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
                 tx.revert()
                 return change, 0
             dropped = self._history.push(
@@ -238,7 +250,7 @@ class Session:
         tx.commit()
         self.workspace.current = target.model_name
         if target.optimizer_name is not None:
-            self.workspace.optimizer_of[target.model_name] = target.optimizer_name
+            self.workspace.remember(target.model_name, target.model, target.optimizer_name)
 
     def _dropped(self, n: int) -> str:
         limits = f"history_limit {self.config.history_limit} commands, history_bytes "
@@ -347,7 +359,7 @@ class Session:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""
         if depth is not None and depth < 0:
             raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
-        target, relative_name, root = self._one_module(where)
+        target, relative_name, root = self._one_module(where, reading=True)
         label = f"{target.model_name}.{relative_name}" if relative_name else target.model_name
         return summarize(
             root,
@@ -419,6 +431,10 @@ class Session:
         reason = record.tx.refusal()
         if reason:
             raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")
+
+    def undone(self) -> tuple[str, ...]:
+        """The commands :meth:`undo` reverted, oldest first."""
+        return tuple(self._history.undone)
 
     def undo(self) -> Change:
         """Revert the newest command still applying to a bound model; atomic like the
@@ -520,9 +536,12 @@ class Session:
         return torch.device("cpu")
 
     def device_type(self, model: str | None = None) -> str:
-        """The session's device type, else that of the (current) model's parameters."""
+        """The session's device type, else that of the (current) model's parameters,
+        else (no model yet) that of the best device available."""
         if self.device is not None:
             return self.device.type
+        if model is None and not self.workspace.models():
+            return resolve_device("auto").type
         _, module = self.workspace.resolve_model(model)
         return self.model_device(unwrap(module)).type
 
@@ -541,7 +560,7 @@ class Session:
     def check(self, model: str | None = None) -> CheckReport:
         """Tensors of the (current) model, its optimizer and the GradScaler that are not
         where the model's parameters are, each with its fix; changes nothing."""
-        bound = self.bound(model)
+        bound = self.bound(model, reading=True)
         return find_misplaced(
             bound.model,
             bound.optimizer,
@@ -605,20 +624,23 @@ class Session:
         """Memory in use on the (current) model's device, broken down into parameters,
         gradients, optimizer state and the rest; the device figures alone when no model
         is named and none can be found."""
+        namespace = self.workspace.namespace
         try:
-            bound = self.bound(model)
+            bound = self.bound(model, reading=True)
         except TorchMagicError:
             if model is not None:
                 raise
-            report = breakdown(None)
+            report = breakdown(None, namespace=namespace)
         else:
-            report = breakdown(bound.model, bound.optimizer, model_name=bound.model_name)
+            report = breakdown(
+                bound.model, bound.optimizer, model_name=bound.model_name, namespace=namespace
+            )
         return replace(report, history_bytes=self.history_bytes("cpu"))
 
     def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
         """Start the peak-memory counters again; ``tracebacks`` also forgets the last
         traceback, whose frames can keep tensors alive."""
-        return reset_peak_counters(tracebacks)
+        return reset_peak_counters(tracebacks, self.workspace.namespace)
 
     def estimate(
         self,
@@ -694,8 +716,16 @@ class Session:
         name, module = self.workspace.resolve_model(model)
         target = self._target(name, module, optimizer)
         if target.optimizer is None:
+            stale = self.workspace.stale_optimizers()
+            left_over = (
+                f" ({', '.join(repr(n) for n in stale)} "
+                f"{'holds' if len(stale) == 1 else 'hold'} the parameters of a model no "
+                f"variable names any more: was '{name}' re-created after it?)"
+                if stale
+                else ""
+            )
             raise TorchMagicError(
-                f"no optimizer holds the parameters of '{name}'; create one, e.g. "
+                f"no optimizer holds the parameters of '{name}'{left_over}; create one, e.g. "
                 f"optimizer = torch.optim.AdamW(p for p in {name}.parameters() "
                 "if p.requires_grad)"
             )

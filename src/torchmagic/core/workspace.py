@@ -8,7 +8,9 @@ stale object is never edited.
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -16,7 +18,12 @@ from torch import nn
 from .errors import TorchMagicError
 from .modules import unwrap
 from .surgery import scheduler_sync
-from .surgery.grammar import Target
+from .surgery.grammar import Target, parse_segment
+from .tensors import optimizer_params
+
+
+class StaleOptimizerError(TorchMagicError):
+    """An optimizer holding none of a model's parameters was about to be used for it."""
 
 
 class Workspace:
@@ -27,6 +34,9 @@ class Workspace:
         self.hidden = hidden
         self.current: str | None = None
         self.optimizer_of: dict[str, str] = {}
+        # the model object each ``optimizer_of`` entry was made for: a rebound variable
+        # (the model cell re-run) must not inherit the old model's optimizer
+        self._remembered_for: dict[str, weakref.ref] = {}
 
     def items(self) -> Iterator[tuple[str, object]]:
         """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
@@ -41,8 +51,9 @@ class Workspace:
         return None
 
     def models(self) -> dict[str, nn.Module]:
-        """Modules bound to variables that are not part of another bound module."""
-        bound = [(n, v) for n, v in self.items() if isinstance(v, nn.Module)]
+        """Modules with parameters bound to variables that are not part of another bound
+        module (a loss function or a transform is never a model)."""
+        bound = [(n, v) for n, v in self.items() if _has_parameters(v)]
         inner: set[int] = set()
         for _, value in bound:
             real = unwrap(value)
@@ -86,13 +97,55 @@ class Workspace:
             return f"no variable named '{name}'"
         return f"'{name}' is a {type(self.namespace[name]).__name__}, not an nn.Module"
 
+    def owner_of(self, name: str) -> tuple[str, str] | None:
+        """(model variable, qualified path) when the variable ``name`` is bound to a
+        module inside a bound model (``layer4 = model.layer4``), else None."""
+        value = self.module(name)
+        if value is None:
+            return None
+        value = unwrap(value)
+        models = self.models()
+        if name in models:
+            return None
+        found: dict[str, str] = {}
+        for model_name, model in models.items():
+            for path, module in unwrap(model).named_modules(remove_duplicate=False):
+                if module is value and path:
+                    found.setdefault(model_name, path)
+                    break
+        if len(found) > 1 and self.current in found:
+            return self.current, found[self.current]
+        if len(found) > 1:
+            where = ", ".join(f"{m}.{p}" for m, p in found.items())
+            raise TorchMagicError(f"'{name}' is part of several models ({where}); name one")
+        return next(iter(found.items()), None)
+
+    def relative_to(self, root: str, target: Target) -> Target:
+        """``target`` as a path inside the model ``root``: its head dropped when it names
+        ``root``, replaced by its path when it names a sub-module of ``root``."""
+        head = target.head
+        if head is None:
+            return target
+        if head == root:
+            return target.without_head()
+        owner = self.owner_of(head)
+        if owner is None or owner[0] != root:
+            return target
+        return _under(owner[1], target.without_head())
+
     def split_root(self, targets: Sequence[Target]) -> tuple[str, nn.Module, list[Target]]:
-        """Separate the model variable (if the targets name one) from relative paths."""
+        """Separate the model variable (if the targets name one) from relative paths.
+        A variable bound to a sub-module of a model names that model at its path."""
         roots: list[str] = []
         relative: list[Target] = []
         for target in targets:
             head = target.head
-            if head is not None and self.module(head) is not None:
+            owner = self.owner_of(head) if head is not None else None
+            if owner is not None:
+                if owner[0] not in roots:
+                    roots.append(owner[0])
+                relative.append(_under(owner[1], target.without_head()))
+            elif head is not None and self.module(head) is not None:
                 if head not in roots:
                     roots.append(head)
                 relative.append(target.without_head())
@@ -112,11 +165,24 @@ class Workspace:
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
         return [(n, v) for n, v in self.items() if isinstance(v, torch.optim.Optimizer)]
 
+    def remember(self, model_name: str, model: nn.Module, optimizer_name: str) -> None:
+        """``optimizer_name`` is the optimizer of ``model`` (as bound to ``model_name``),
+        also once a freeze has emptied it."""
+        self.optimizer_of[model_name] = optimizer_name
+        self._remembered_for[model_name] = weakref.ref(unwrap(model))
+
     def resolve_optimizer(
         self, model_name: str, model: nn.Module, name: str | None = None
     ) -> tuple[str | None, torch.optim.Optimizer | None]:
         """The optimizer of ``model``: named, or the one whose params are the model's
-        (by identity), or the one used with this model before (it may be empty now)."""
+        (by identity), or the one used with this model object before (it may be empty now).
+
+        An optimizer that holds parameters but none of ``model``'s is refused, and so is the
+        one remembered for a model object ``model_name`` no longer names (the model cell
+        was re-run, not the optimizer cell): stepping it would train nothing ``model_name``
+        holds, and adding ``model``'s parameters to it would mix two models in one optimizer.
+        """
+        ids = {id(p) for p in model.parameters()}
         if name is not None:
             value = self.namespace.get(name)
             if not isinstance(value, torch.optim.Optimizer):
@@ -124,17 +190,12 @@ class Workspace:
                 raise TorchMagicError(
                     f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
                 )
+            if not _empty(value) and not _holds(value, ids):
+                raise self._stale(name, value, model_name)
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
-        if len(optimizers) == 1 and optimizers[0][0] == remembered:
-            return optimizers[0]  # the usual case: skip the walk over the model
-        ids = {id(p) for p in model.parameters()}
-        owning = [
-            (n, o)
-            for n, o in optimizers
-            if any(id(p) in ids for g in o.param_groups for p in g["params"])
-        ]
+        owning = [(n, o) for n, o in optimizers if _holds(o, ids)]
         if len(owning) > 1:
             for n, o in owning:
                 if n == remembered:
@@ -146,11 +207,48 @@ class Workspace:
             )
         if owning:
             return owning[0]
-        if remembered is not None and isinstance(
-            value := self.namespace.get(remembered), torch.optim.Optimizer
-        ):
+        value = self.namespace.get(remembered) if remembered is not None else None
+        if remembered is not None and isinstance(value, torch.optim.Optimizer):
+            made_for = self._remembered_for.get(model_name)
+            rebound = made_for is not None and made_for() is not unwrap(model)
+            if rebound or not _empty(value):
+                raise self._stale(remembered, value, model_name)
             return remembered, value
         return None, None
+
+    def _stale(
+        self, name: str, optimizer: torch.optim.Optimizer, model_name: str
+    ) -> StaleOptimizerError:
+        """The refusal to use ``optimizer`` for ``model_name``: which model it trains
+        instead, and the fix."""
+        held = {id(p) for p in optimizer_params(optimizer)}
+        others = [
+            n
+            for n, m in self.models().items()
+            if n != model_name and any(id(p) in held for p in unwrap(m).parameters())
+        ]
+        if others:
+            why = f"it trains {', '.join(repr(n) for n in others)}"
+        elif held:
+            why = (
+                f"it holds the parameters of a model no variable names any more: was "
+                f"'{model_name}' re-created after '{name}'?"
+            )
+        else:
+            why = f"it was made for the model '{model_name}' named before it was re-bound"
+        kind = type(optimizer).__name__
+        return StaleOptimizerError(
+            f"'{name}' holds none of the parameters of '{model_name}' ({why}); re-create "
+            f"it ({name} = torch.optim.{kind}({model_name}.parameters(), lr=…)) or choose "
+            "another with optimizer=NAME",
+            param="optimizer",
+        )
+
+    def stale_optimizers(self) -> list[str]:
+        """Optimizers holding parameters of no bound model: left over from a model that
+        was re-created or re-bound."""
+        bound = {id(p) for m in self.models().values() for p in unwrap(m).parameters()}
+        return [n for n, o in self.optimizers() if not _empty(o) and not _holds(o, bound)]
 
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
         """Schedulers driving ``optimizer`` (torch's and timm's, with the children of
@@ -161,6 +259,29 @@ class Workspace:
         for _, value in self.items():
             found.extend(_scheduler_candidates(value))
         return scheduler_sync.bound_to(found, optimizer)
+
+
+def _has_parameters(value: object) -> TypeGuard[nn.Module]:
+    return isinstance(value, nn.Module) and any(True for _ in unwrap(value).parameters())
+
+
+def _empty(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether no group holds a parameter (a freeze of the whole model empties them)."""
+    return not any(True for _ in optimizer_params(optimizer))
+
+
+def _holds(optimizer: torch.optim.Optimizer, ids: Container[int]) -> bool:
+    """Whether ``optimizer`` holds any parameter whose ``id`` is in ``ids``."""
+    return any(id(p) in ids for p in optimizer_params(optimizer))
+
+
+def _under(path: str, target: Target) -> Target:
+    """``target`` (relative to a sub-module) made relative to the model holding that
+    sub-module at ``path``."""
+    if target.glob is not None:
+        return Target(text=target.text, glob=f"{path}.{target.glob}")
+    prefix = tuple(parse_segment(part, target.text) for part in path.split("."))
+    return Target(text=target.text, segments=prefix + target.segments)
 
 
 # Never searched for schedulers among their attributes: models, tensors, imported modules.

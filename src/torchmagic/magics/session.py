@@ -21,7 +21,8 @@ class SessionMagics(TopicMagics):
     # -- subcommands: one Session call each, rendered (the table below lists them) ----
 
     def _history(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.history(self.session.history(), self.width)
+        session = self.session
+        return render.history(session.history(), self.width, session.undone())
 
     def _undo(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.change(self.session.undo(), self.width)

@@ -159,7 +159,7 @@ class SurgeryMagics(TopicMagics):
                     where, count = (spec[0] if spec else "auto"), None
                 if count is None and labels is None:
                     raise TorchMagicError(
-                        f"the class count N is missing after '{where}'", param="num_classes"
+                        f"the number of classes is missing after '{where}'", param="num_classes"
                     )
                 if count is not None and not _INT.match(count):
                     raise TorchMagicError(

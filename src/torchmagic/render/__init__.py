@@ -52,7 +52,7 @@ def render(result: object, width: int | None = None) -> Rendered:
 
 
 def _command_history(result: CommandHistory, width: int | None = None) -> Rendered:
-    return surgery.history(result.entries, width)
+    return surgery.history(result.entries, width, result.undone)
 
 
 def _fit_runs(result: FitRuns, width: int | None = None) -> Rendered:

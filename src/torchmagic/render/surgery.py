@@ -105,45 +105,92 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
     return Text("BatchNorm: " + "; ".join(parts), style=theme.style("bn"))
 
 
-def change(change: Change, width: int | None = None) -> Rendered:
-    verb = {
-        "freeze": "froze",
-        "unfreeze": "unfroze",
-        "replace_head": "replaced head",
-        "undo": "undid",
-    }.get(change.action, change.action)
+_VERBS = {"freeze": "froze", "unfreeze": "unfroze", "replace_head": "replaced head"}
+# What a block the command left as it was already is: "already frozen".
+_ALREADY = {"freeze": "frozen", "unfreeze": "trainable"}
+_NO_OPTIMIZER = {
+    "replace_head": "no optimizer holds this model's parameters: create one for the new head",
+}
+
+
+def _scope(modules: Sequence[str]) -> str:
+    """What the targets named, before ``--except``: "everything" for the whole model."""
+    return "everything" if modules in ((), ("",)) else _names(modules)
+
+
+def _title(change: Change) -> Text:
+    effect = change.effect
     title = Text()
     if change.dry_run:
         title.append("dry run — nothing changed · ", style=theme.style("warning", bold=True))
-    title.append(f"{verb} ", style="bold")
-    title.append(_names(change.effect.modules), style=theme.style("accent", bold=True))
-    title.append(f"  ({human(change.effect.params)} params) in `{change.model_name}`")
+    if change.action == "undo":
+        title.append("undid: ", style="bold")
+        title.append(change.command.removeprefix("undo "), style=theme.style("accent", bold=True))
+        title.append(f"  ({human(effect.params)} params) in `{change.model_name}`")
+        return title
+    changed = [m for m in effect.modules if m not in effect.already]
+    if effect.excluded:
+        title.append(f"{_VERBS.get(change.action, change.action)} ", style="bold")
+        title.append(_scope(effect.modules), style=theme.style("accent", bold=True))
+        title.append(" except ", style="bold")
+        title.append(_names(effect.excluded), style=theme.style("accent", bold=True))
+    elif changed or change.action not in _ALREADY:
+        title.append(f"{_VERBS.get(change.action, change.action)} ", style="bold")
+        title.append(_names(changed or effect.modules), style=theme.style("accent", bold=True))
+    else:  # e.g. an unfreeze with lr= of blocks that trained already: only groups changed
+        title.append(_names(effect.modules), style=theme.style("accent", bold=True))
+        title.append(f" already {_ALREADY[change.action]}", style="bold")
+        return title.append(f" in `{change.model_name}`")
+    title.append(f"  ({human(effect.params)} params) in `{change.model_name}`")
+    return title
+
+
+def _unchanged(change: Change) -> Text:
+    """The one line of a command that found everything as it would leave it."""
+    line = Text("nothing changed: ", style=theme.style("dim"))
+    state = _ALREADY.get(change.action)
+    if state is None:
+        return line.append(change.command)
+    line.append(_scope(change.effect.modules), style=theme.style("accent"))
+    if change.effect.excluded:
+        line.append(f" except {_names(change.effect.excluded)}")
+    return line.append(f" already {state} in `{change.model_name}`")
+
+
+def change(change: Change, width: int | None = None) -> Rendered:
+    if change.unchanged:
+        return Rendered(_unchanged(change), width)
+    effect = change.effect
     before, after = change.before, change.after
     counts = Text(
         f"trainable {human(before.trainable)} → {human(after.trainable)} "
         f"({after.trainable_pct:.1f}% of {human(after.total)}) · frozen {human(after.frozen)}"
     )
-    parts: list[RenderableType] = [title, counts]
-    if change.action == "undo":
-        parts.insert(
-            1, Text(f"reverted: {change.command.removeprefix('undo ')}", style=theme.style("dim"))
+    parts: list[RenderableType] = [_title(change), counts]
+    already = [m for m in effect.modules if m in effect.already]
+    if already and change.action in _ALREADY and len(already) < len(effect.modules):
+        parts.append(
+            Text(f"already {_ALREADY[change.action]}: {_names(already)}", style=theme.style("dim"))
         )
-    if change.effect.state_freed_bytes:
+    if effect.state_freed_bytes:
         parts.append(
             Text(
                 f"optimizer state moved off the accelerator: "
-                f"{human_bytes(change.effect.state_freed_bytes)}"
+                f"{human_bytes(effect.state_freed_bytes)}"
             )
         )
-    bn = _bn_text(change.effect.bn_modes)
+    bn = _bn_text(effect.bn_modes)
     if bn is not None:
         parts.append(bn)
-    for note in change.effect.notes:
+    for note in effect.notes:
         parts.append(Text(note, style=theme.style("dim")))
     if change.groups:
         parts += _groups(change.groups, change.optimizer_name)
     elif change.optimizer_name is None:
-        parts.append(Text("no optimizer bound to this model", style=theme.style("dim")))
+        missing = _NO_OPTIMIZER.get(
+            change.action, "no optimizer holds this model's parameters: only requires_grad changed"
+        )
+        parts.append(Text(missing, style=theme.style("dim")))
     return Rendered(Group(*parts), width)
 
 
@@ -192,9 +239,17 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
-def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Rendered:
+def _undone(commands: Sequence[str]) -> str:
+    return f"{len(commands)} undone: {_names(commands, shown=3)}"
+
+
+def history(
+    entries: Sequence[HistoryEntry], width: int | None = None, undone: Sequence[str] = ()
+) -> Rendered:
+    """The commands in effect; ``undone``: those ``%tm undo`` reverted, oldest first."""
     if not entries:
-        return Rendered(Text("no commands yet", style=theme.style("dim")), width)
+        text = f"no commands in effect: {_undone(undone)}" if undone else "no commands yet"
+        return Rendered(Text(text, style=theme.style("dim")), width)
     drawn = table(
         "torchmagic history",
         [("#", "right"), ("command", "left"), ("model", "left"), ("modules", "left"), ("", "left")],
@@ -207,6 +262,8 @@ def history(entries: Sequence[HistoryEntry], width: int | None = None) -> Render
             _names(e.modules),
             "" if e.live else Text(f"stale: {e.stale or REBOUND}", style=theme.style("dim")),
         )
+    if undone:
+        return Rendered(Group(drawn, Text(_undone(undone), style=theme.style("dim"))), width)
     return Rendered(drawn, width)
 
 

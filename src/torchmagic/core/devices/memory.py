@@ -13,7 +13,7 @@ import gc
 import itertools
 import sys
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -21,9 +21,13 @@ import torch
 from torch import nn
 
 from ..modules import unwrap
-from ..tensors import nbytes, optimizer_params, state_tensors, total_bytes, unique
+from ..tensors import leaves, nbytes, optimizer_params, state_tensors, total_bytes, unique
 from . import hostmem
 from .placement import reference_device
+
+# Lists / dicts in the user namespace longer than this are not searched for tensors that
+# the last traceback shares with them (a dataset held in a list costs too much to walk).
+NAMESPACE_SCAN_ITEMS = 10_000
 
 
 @dataclass(frozen=True)
@@ -114,18 +118,48 @@ def _last_traceback() -> TracebackType | None:
     return getattr(sys, "last_traceback", None)
 
 
-def traceback_hold() -> tuple[int, int]:
-    """(frames, tensor bytes) the last uncaught exception's traceback keeps alive.
+def _reachable_from(namespaces: Iterable[Mapping]) -> set[int]:
+    """``id`` of the tensors a namespace reaches: bound to a name, inside a list, tuple or
+    dict bound to one, and the parameters, buffers and gradients of a bound module."""
+    found: set[int] = set()
+    for namespace in namespaces:
+        for value in list(namespace.values()):
+            for leaf in leaves(
+                value, depth=2, kind=(torch.Tensor, nn.Module), max_items=NAMESPACE_SCAN_ITEMS
+            ):
+                if isinstance(leaf, nn.Module):
+                    for t in itertools.chain(leaf.parameters(), leaf.buffers()):
+                        found.add(id(t))
+                        if t.grad is not None:
+                            found.add(id(t.grad))
+                else:
+                    found.add(id(leaf))
+    return found
+
+
+def traceback_hold(namespace: Mapping | None = None) -> tuple[int, int]:
+    """(frames, tensor bytes) the last uncaught exception's traceback alone keeps alive.
 
     IPython stores it in ``sys.last_traceback``; the locals of its frames (a batch, the
     activations of a failed forward) stay referenced until the next error replaces it.
+    Tensors also reachable from the frames' module globals (for a notebook cell, the user
+    namespace) or from ``namespace`` would stay alive without it, so they are not counted.
     """
     frames = list(_frames(_last_traceback()))
+    globals_: dict[int, Mapping] = {
+        id(tb.tb_frame.f_globals): tb.tb_frame.f_globals for tb in frames
+    }
+    if namespace is not None:
+        globals_[id(namespace)] = namespace
+    elsewhere = _reachable_from(globals_.values())
     held = (
         v
         for tb in frames
+        if tb.tb_frame.f_locals is not tb.tb_frame.f_globals
         for v in tb.tb_frame.f_locals.values()
-        if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
+        if isinstance(v, torch.Tensor)
+        and not isinstance(v, nn.Parameter)
+        and id(v) not in elsewhere
     )
     return len(frames), total_bytes(held)
 
@@ -135,9 +169,11 @@ def breakdown(
     optimizer: torch.optim.Optimizer | None = None,
     *,
     model_name: str | None = None,
+    namespace: Mapping | None = None,
 ) -> MemoryReport:
     """Bytes of the model's parameters (trainable / frozen), buffers and gradients and of
-    the optimizer's state on the model's device, with that device's totals."""
+    the optimizer's state on the model's device, with that device's totals; what the last
+    traceback alone holds (``namespace``: the user's variables, which it does not own)."""
     device = _report_device(model)
     real = unwrap(model) if model is not None else None
     params = list(
@@ -156,7 +192,7 @@ def breakdown(
     def here(tensors: Iterable[torch.Tensor]) -> int:
         return sum(nbytes(t) for t in tensors if t.device == device)
 
-    frames, held = traceback_hold()
+    frames, held = traceback_hold(namespace)
     in_use = reserved = peak = free = total = None
     source = ""
     if device.type == "cuda" and _cuda_used():
@@ -189,9 +225,10 @@ def breakdown(
     )
 
 
-def reset_peaks(drop_tracebacks: bool = False) -> ResetReport:
+def reset_peaks(drop_tracebacks: bool = False, namespace: Mapping | None = None) -> ResetReport:
     """Start the peak counters again (every CUDA device in use, the process's peak RSS);
-    with ``drop_tracebacks``, forget the last traceback so its frames' tensors can go."""
+    with ``drop_tracebacks``, forget the last traceback so its frames' tensors can go
+    (those ``namespace`` also reaches stay)."""
     peaks: list[str] = []
     if _cuda_used():
         for index in range(torch.cuda.device_count()):
@@ -201,7 +238,7 @@ def reset_peaks(drop_tracebacks: bool = False) -> ResetReport:
         peaks.append("cpu")
     frames = released = 0
     if drop_tracebacks:
-        frames, released = traceback_hold()
+        frames, released = traceback_hold(namespace)
         tb = _last_traceback()
         if tb is not None:
             traceback.clear_frames(tb)

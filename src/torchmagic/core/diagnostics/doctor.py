@@ -8,6 +8,7 @@ is changed. A healthy session reports nothing.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Container, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -75,20 +76,109 @@ def _blocks(model_name: str, param_names: Iterable[str]) -> str:
 # -- 1, 2: parameters and the optimizer ----------------------------------------------
 
 
-def _unoptimized(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
+def _recreate(opt_name: str, opt: torch.optim.Optimizer, model_name: str) -> str:
+    return f"{opt_name} = torch.optim.{type(opt).__name__}({model_name}.parameters(), lr=…)"
+
+
+def _unoptimized(
+    name: str, model: nn.Module, opts: list, stale: Container[str]
+) -> Iterator[Finding]:
+    """Trainable tensors no optimizer of the model holds; ``stale``: optimizers that also
+    hold another model's tensors, which are re-created rather than added to."""
     held = held_ids(o for _, o in opts)
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if not missing:
         return
     opt_names = " / ".join(n for n, _ in opts)
+    mixed = [(n, o) for n, o in opts if n in stale]
+    fix = (
+        f"re-create {mixed[0][0]} over {name} ({_recreate(*mixed[0], name)}): it also holds "
+        "parameters of a model no variable names"
+        if mixed
+        else f"tm.unfreeze({_blocks(name, missing)}, lr=…) (adds them to {opts[0][0]} as a "
+        "param group)"
+    )
     yield Finding(
         "unoptimized",
         "error",
         f"{name}: {_names(missing)}",
         f"{len(missing)} trainable tensor(s) are in no param group of {opt_names}: they get "
         "gradients but never change",
-        f"tm.unfreeze({_blocks(name, missing)}, lr=…) (adds them to {opts[0][0]} as a param group)",
+        fix,
     )
+
+
+def _reachable_ids(ws: Workspace) -> set[int]:
+    """``id`` of every tensor the user can reach: bound to a variable, in a module, list,
+    tuple or dict bound to one, or an attribute of an object bound to one
+    (``trainer.model``)."""
+    found: set[int] = set()
+    for _, value in ws.items():
+        if isinstance(value, (torch.optim.Optimizer, type, types.ModuleType)):
+            continue
+        values = [value]
+        if not isinstance(value, (nn.Module, torch.Tensor, list, tuple, dict)):
+            try:
+                values += list(vars(value).values())
+            except TypeError:  # no __dict__
+                pass
+        for item in values:
+            for leaf in leaves(item, depth=1, kind=(nn.Module, torch.Tensor)):
+                if isinstance(leaf, nn.Module):
+                    found.update(id(p) for p in leaf.parameters())
+                else:
+                    found.add(id(leaf))
+    return found
+
+
+def _orphans(ws: Workspace, optimizers: list) -> dict[str, int]:
+    """Optimizer name → how many of its tensors the user cannot reach any more (left over
+    from a model that was re-created: the model cell re-run, not the optimizer cell)."""
+    bound = _reachable_ids(ws)
+    found = {}
+    for opt_name, opt in optimizers:
+        left = sum(id(p) not in bound for p in optimizer_params(opt))
+        if left:
+            found[opt_name] = left
+    return found
+
+
+def _stale_optimizers(
+    models: Mapping[str, nn.Module], optimizers: list, orphans: Mapping[str, int]
+) -> Iterator[Finding]:
+    """Optimizers training a model no variable names: alone (the model was re-created
+    after the optimizer) or beside a bound model's tensors (two models in one optimizer).
+    The fix is a new optimizer, never adding the new model's parameters to the old one."""
+    untrained = [n for n, m in models.items() if not owners(optimizers, unwrap(m).parameters())]
+    for opt_name, opt in optimizers:
+        left = orphans.get(opt_name)
+        if not left:
+            continue
+        mine = [n for n, m in models.items() if owners([(opt_name, opt)], unwrap(m).parameters())]
+        if mine:
+            message = (
+                f"{opt_name} holds {left} tensor(s) of a model no variable names besides "
+                f"those of {', '.join(mine)}: two models in one optimizer (parameters added "
+                "to it after the model was re-created)"
+            )
+            target = mine[0]
+        elif untrained:
+            message = (
+                f"{opt_name} holds {left} tensor(s) of a model no variable names and none of "
+                f"{', '.join(untrained)}'s: the model was re-created after {opt_name} (re-running "
+                "the model cell makes new parameters), so stepping it trains nothing you hold"
+            )
+            target = untrained[0]
+        else:
+            continue
+        yield Finding(
+            "stale-optimizer",
+            "error",
+            opt_name,
+            message,
+            f"re-create it: {_recreate(opt_name, opt, target)} (adding {target}'s parameters "
+            "to it would mix two models)",
+        )
 
 
 def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
@@ -632,12 +722,14 @@ def diagnose(
     scalers = list({id(s): s for s in found_scalers if s is not None and s.is_enabled()}.values())
     findings: list[Finding] = []
     trained: dict[str, nn.Module] = {}
+    orphans = _orphans(ws, optimizers)
+    findings += _stale_optimizers(models, optimizers, orphans)
     for name, value in models.items():
         model = unwrap(value)
         opts = owners(optimizers, model.parameters())
         if opts:
             trained[name] = model
-            findings += _unoptimized(name, model, opts)
+            findings += _unoptimized(name, model, opts, orphans)
             findings += _frozen_in_optimizer(name, model, opts)
             if device is not None:
                 findings += _off_session_device(name, model, device)

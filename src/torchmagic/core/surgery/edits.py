@@ -6,7 +6,7 @@ the transaction, so a failure part-way rolls back and ``undo`` can replay the in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm, parent_of, unique_parameters
 from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync
+from .counting import group_keys
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Effect
 from .selection import Block, Selection
@@ -57,17 +58,85 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
+def _acted_on(selection: Selection) -> list[Block]:
+    """The blocks a freeze or unfreeze can change: those with parameters or BatchNorm
+    (an activation or a pooling layer carved out by an exclusion is not listed)."""
+    return [
+        b for b in selection.blocks if b.parameters() or any(is_batchnorm(m) for m in b.modules())
+    ]
+
+
+def _states(
+    model: nn.Module, blocks: Sequence[Block], opt: torch.optim.Optimizer | None
+) -> list[tuple]:
+    """What a freeze or unfreeze can change in each block (looked up by name, so a swapped
+    BatchNorm counts): its modules' identity, mode and pre-hooks, its parameters'
+    trainability and optimizer membership."""
+    held = group_index(opt) if opt is not None else {}
+    states = []
+    for block in blocks:
+        live = Block(block.name, model.get_submodule(block.name), block.recurse)
+        states.append(
+            (
+                tuple((id(m), m.training, len(m._forward_pre_hooks)) for m in live.modules()),
+                tuple((id(p), p.requires_grad, id(p) in held) for p in live.parameters()),
+            )
+        )
+    return states
+
+
+def fingerprint(target: BoundModel) -> tuple:
+    """Everything a surgery command can change in the model and its optimizer, so that a
+    command that changed nothing can say so (and leave no history entry)."""
+    return (
+        _states(target.model, [Block("", target.model)], target.optimizer),
+        tuple(group_keys(target.optimizer).values()),
+    )
+
+
+def _effect(
+    target: BoundModel,
+    selection: Selection,
+    blocks: Sequence[Block],
+    before: Sequence[tuple],
+    flipped: Sequence[nn.Parameter],
+    state_freed_bytes: int = 0,
+    bn_modes: Mapping[str, int] | None = None,
+) -> Effect:
+    """The Effect of a freeze or unfreeze: the blocks, which of them were already as the
+    command leaves them (their state in ``before`` is unchanged), the parameters whose
+    trainability ``flipped``, and what ``--except`` kept out."""
+    names = tuple(b.name or "(whole model)" for b in blocks)
+    after = _states(selection.model, blocks, target.optimizer)
+    already = tuple(name for name, old, new in zip(names, before, after, strict=True) if old == new)
+    if selection.excluded:
+        names = selection.scope
+    return Effect(
+        names,
+        _numel(flipped),
+        state_freed_bytes,
+        dict(bn_modes or {}),
+        already=already,
+        excluded=selection.excluded,
+    )
+
+
 def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
     params = selection.parameters()
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
+    blocks = _acted_on(selection)
+    before = _states(selection.model, blocks, target.optimizer)
+    flipped = [p for p in params if p.requires_grad]
     freed = 0
     if target.optimizer is not None:
         freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
     _set_requires_grad(params, False, tx)
     _drop_grads(params, tx)
     modes = batchnorm.apply(selection, bn_policy, tx)
-    return Effect(selection.names, _numel(params), freed, dict(modes))
+    return _effect(
+        target, selection, blocks, before, flipped, state_freed_bytes=freed, bn_modes=dict(modes)
+    )
 
 
 def head_group(target: BoundModel, exclude: Sequence[nn.Parameter] = ()) -> int | None:
@@ -210,6 +279,8 @@ def unfreeze(
         )
     if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
         raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
+    acted_on = _acted_on(selection)
+    before = _states(selection.model, acted_on, opt)
     swapped, modes = batchnorm.release(selection, tx)
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
@@ -226,10 +297,8 @@ def unfreeze(
         raise TorchMagicError(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
-    notes: list[str] = []
-    if opt is None:
-        notes.append("no optimizer holds this model's parameters: only requires_grad changed")
-    else:
+    flipped = [p for p in all_params if not p.requires_grad]
+    if opt is not None:
         schedulers = target.schedulers
         planned = list(zip(blocks, lrs, per_block, strict=True))
         homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
@@ -249,7 +318,7 @@ def unfreeze(
             )
             scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
     _set_requires_grad(all_params, True, tx)
-    return Effect(selection.names, _numel(all_params), 0, dict(modes), tuple(notes))
+    return _effect(target, selection, acted_on, before, flipped, bn_modes=modes)
 
 
 def _head_groups(
@@ -313,7 +382,6 @@ def replace_head(
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
     synced = model_config.sync(target.model, found, num_classes, labels, tx)
-    notes = []
     if opt is not None:
         for index, params in joining.items():
             editor.join(index, params)
@@ -321,14 +389,11 @@ def replace_head(
             base = float(opt.defaults["lr"])
             index = editor.add_group(homeless, name=located[0][0], lr=base, template=opt.defaults)
             scheduler_sync.follow(target.schedulers, opt, index, head, base)
-    else:
-        notes.append("no optimizer holds this model's parameters: create one for the new head")
     old_shape = f"{found[0].in_features}→{found[0].out_features}"
-    notes.insert(
-        0,
+    notes = [
         f"{located[0][0]}: {type(found[0].module).__name__} {old_shape} "
-        f"replaced by {found[0].in_features}→{num_classes}",
-    )
+        f"replaced by {found[0].in_features}→{num_classes}"
+    ]
     for role in ("distillation", "auxiliary"):
         also = [h.name for h in found if h.role == role]
         if also:

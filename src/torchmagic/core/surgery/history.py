@@ -44,6 +44,7 @@ class History:
     def __init__(self) -> None:
         self._records: list[Record] = []
         self._next = 1
+        self.undone: list[str] = []  # commands reverted by undo, oldest first
 
     def push(
         self,
@@ -82,7 +83,11 @@ class History:
         return drop
 
     def _discard(self, record: Record) -> None:
-        self._records = [r for r in self._records if r is not record]
+        """Undo's last step: the record leaves the history, its command joins ``undone``
+        (idempotent: an interrupted undo runs it again)."""
+        if any(r is record for r in self._records):
+            self._records = [r for r in self._records if r is not record]
+            self.undone.append(record.change.command)
 
     def holds(self, tx: Transaction) -> bool:
         """Whether ``tx`` is the undo log of a recorded (so: applied) command."""

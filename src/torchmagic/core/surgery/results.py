@@ -45,13 +45,20 @@ class GroupInfo:
 
 @dataclass(frozen=True)
 class Effect:
-    """What one surgery step did, beyond the counts the session measures itself."""
+    """What one surgery step did, beyond the counts the session measures itself.
+
+    ``modules``: the blocks acted on (those with parameters or BatchNorm), or, when
+    ``excluded`` is not empty, what the targets named ("" for the whole model) before the
+    exclusions were carved out. ``params``: how many parameters changed trainability.
+    ``already``: blocks that were already as the command leaves them."""
 
     modules: tuple[str, ...]
     params: int
     state_freed_bytes: int = 0
     bn_modes: Mapping[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    already: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class Change:
     optimizer_name: str | None
     groups: tuple[GroupInfo, ...]
     dry_run: bool = False
+    unchanged: bool = False  # the command found everything as it would leave it
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class CommandHistory:
-    """The session's mutating commands, oldest first."""
+    """The session's mutating commands, oldest first, and those undone."""
 
     entries: tuple[HistoryEntry, ...]
+    undone: tuple[str, ...] = ()

@@ -36,6 +36,8 @@ class Selection:
 
     model: nn.Module
     blocks: tuple[Block, ...]
+    scope: tuple[str, ...] = ()  # what the targets named, before ``--except`` carved it
+    excluded: tuple[str, ...] = ()  # what ``--except`` kept out of ``scope``
 
     def parameters(self) -> list[nn.Parameter]:
         seen: set[int] = set()
@@ -159,8 +161,16 @@ def select(
         for child_name, child in module.named_children():
             carve(f"{name}.{child_name}" if name else child_name, child)
 
-    for name in sorted(tops, key=lambda n: _position(model, n)):
+    tops.sort(key=lambda n: _position(model, n))
+    for name in tops:
         carve(name, picked[name])
     if not blocks:
         raise TorchMagicError("nothing left to act on: --except removed every selected module")
-    return Selection(model, tuple(blocks))
+    kept_out = [
+        e
+        for e in excluded
+        if any(_is_within(e, t) for t in tops)
+        and not any(o != e and _is_within(e, o) for o in excluded)
+    ]
+    kept_out.sort(key=lambda n: _position(model, n))
+    return Selection(model, tuple(blocks), tuple(tops), tuple(kept_out))

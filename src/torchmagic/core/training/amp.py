@@ -7,6 +7,7 @@ Only ``torch.autocast`` and ``torch.amp.GradScaler`` are used — never the depr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -19,6 +20,47 @@ from ..tensors import optimizer_params
 MODES = ("auto", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# CPU feature flags (Linux /proc/cpuinfo) of instructions that compute in bf16 natively.
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+CPUINFO = "/proc/cpuinfo"
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16, AMX, Arm BF16). Without it
+    CPU autocast emulates bf16 and is usually slower than fp32. Where the flags cannot be
+    read, torch's CPU capability decides (AMX means bf16), else it is assumed."""
+    try:
+        with open(CPUINFO, encoding="ascii", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return not _BF16_FLAGS.isdisjoint(value.split())
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    return "AMX" in capability or not capability.startswith("AVX")
+
+
+def emulated_bf16(device_type: str) -> bool:
+    """bf16 autocast here would be emulated: a CPU without native bf16 instructions."""
+    return device_type == "cpu" and not cpu_has_native_bf16()
+
+
+def keeps_fp32(device_type: str, mode: str) -> bool:
+    """``auto`` on a CPU that would emulate bf16: fp32 is faster, so no autocast."""
+    return mode == "auto" and emulated_bf16(device_type)
+
+
+# Why ``auto`` keeps fp32 on such a CPU, and the warning when bf16 is asked for there.
+_EMULATED = "this CPU has no native bf16 instructions (avx512_bf16 / amx_bf16)"
+KEPT_FP32 = (
+    f"{_EMULATED}: emulated bf16 autocast is slower than fp32, so fp32 is kept; "
+    "ask for bf16 explicitly to use it anyway"
+)
+SLOWER_BF16 = f"{_EMULATED}: bf16 autocast is emulated and will likely be slower than fp32"
 
 
 def supports_bf16(device_type: str) -> bool:
@@ -79,10 +121,15 @@ class AmpController:
         self._scaler_state: dict | None = None
 
     def turn_on(self, device_type: str, mode: str = "auto") -> AmpStatus:
+        """Autocast on ``device_type``; ``auto`` on a CPU that would emulate bf16 keeps
+        fp32 (AMP off) and says why."""
         dtype = choose_dtype(device_type, mode)
         self._park_scaler()
+        if keeps_fp32(device_type, mode):
+            self.enabled, self.dtype, self.device_type = False, None, device_type
+            return self.status(KEPT_FP32)
         self.enabled, self.dtype, self.device_type = True, dtype, device_type
-        note = "bf16 keeps fp32's range: no GradScaler needed"
+        note = SLOWER_BF16 if dtype == torch.bfloat16 and emulated_bf16(device_type) else ""
         if dtype == torch.float16:
             self.scaler = torch.amp.GradScaler(device_type)
             if self._scaler_state:
@@ -93,7 +140,8 @@ class AmpController:
     def turn_off(self) -> AmpStatus:
         self._park_scaler()
         self.enabled, self.dtype = False, None
-        return self.status("autocast off; the GradScaler's state is kept for next time")
+        kept = "the GradScaler's state is kept for next time" if self._scaler_state else ""
+        return self.status(kept)
 
     def _park_scaler(self) -> None:
         if self.scaler is not None:
@@ -154,7 +202,12 @@ def scaled_step(
 
 @contextmanager
 def cell_autocast(controller: AmpController, mode: str | None, device_type: str) -> Iterator[None]:
-    """Autocast for one block (a notebook cell) without changing the session's policy."""
-    dtype = choose_dtype(device_type, mode or "auto")
+    """Autocast for one block (a notebook cell) without changing the session's policy;
+    ``auto`` on a CPU that would emulate bf16 runs the block in fp32."""
+    mode = mode or "auto"
+    dtype = choose_dtype(device_type, mode)
+    if keeps_fp32(device_type, mode):
+        yield
+        return
     with controller.autocast(dtype=dtype, device_type=device_type):
         yield
