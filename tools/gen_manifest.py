@@ -95,7 +95,8 @@ def option_usage(action: argparse.Action) -> str:
     if _flag(action):
         return f"[{option}]"
     value = "|".join(action.choices) if action.choices else action.metavar or action.dest.upper()
-    return f"[{option} {value}{' ...' if action.nargs == '+' else ''}]"
+    usage = f"{option} {value}{' ...' if action.nargs == '+' else ''}"
+    return usage if action.required else f"[{usage}]"
 
 
 def _positional_usage(action: argparse.Action) -> str:

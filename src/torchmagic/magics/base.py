@@ -168,8 +168,9 @@ class TopicMagics(Magics):
         return session
 
     @property
-    def width(self) -> int:
-        return self.settings.width
+    def width(self) -> int | None:
+        """The configured width; None (from 0) follows the terminal, or 100 in a notebook."""
+        return self.settings.width or None
 
     def close(self) -> None:
         """Unhook from the shell (``%unload_ext``); topics with hooks extend this."""

@@ -171,7 +171,7 @@ class DeviceMagics(TopicMagics):
     @argument(
         "--input-shape",
         default=None,
-        metavar="N,C,H,W",
+        metavar="SHAPE",
         help="with estimate: the batch's shape, to predict the step's peak; with batch: one "
         "sample's shape (C,H,W)",
     )

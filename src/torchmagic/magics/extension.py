@@ -40,7 +40,11 @@ class TorchMagics(Configurable):
     unfreeze_lr_ratio = Float(
         0.1, help="Default %unfreeze lr as a fraction of the head group's lr."
     ).tag(config=True)
-    width = Integer(100, help="Width of the rendered output in characters.").tag(config=True)
+    width = Integer(
+        0,
+        help="Width of the rendered output in characters; 0: the terminal's width in a "
+        "terminal, 100 in a notebook (where wider tables scroll sideways).",
+    ).tag(config=True)
     summary_depth = Integer(2, help="Default depth of %summary.").tag(config=True)
     summary_max_rows = Integer(60, help="Rows %summary shows before it collapses.").tag(config=True)
     history_limit = Integer(
@@ -72,7 +76,7 @@ class TorchMagics(Configurable):
         """Register every topic's magics; listed in ``shell.configurables`` so that
         ``%config TorchMagics.…`` reaches the settings."""
         extension = cls(shell)
-        shell.configurables.append(extension)
+        shell.configurables.append(extension)  # type: ignore[arg-type]  # IPython types it narrowly
         for topic in extension.topics:
             shell.register_magics(topic)
         shell.events.register("post_run_cell", extension._after_cell)

@@ -128,7 +128,7 @@ class SurgeryMagics(TopicMagics):
     @argument(
         "spec",
         nargs="+",
-        metavar="[TARGET|auto] N [labels=A,B,…]",
+        metavar="[TARGET|auto] N",
         help="where the head is (path, model, or auto), the number of classes, class names",
     )
     @argument(

@@ -282,10 +282,10 @@ class TrainingMagics(TopicMagics):
         return render.render(result, self.width)
 
     def _model_and_loader(self, names: list[str]) -> tuple[str | None, str]:
+        """``[MODEL] TRAIN_LOADER``: the model variable (None: the current model), the loader."""
         if len(names) > 2:
             raise TorchMagicError("one model and one training loader", param="names")
-        model, train = names if len(names) == 2 else [None, *names]
-        return model, train
+        return (names[0], names[1]) if len(names) == 2 else (None, names[0])
 
     def _progress(self) -> render.TerminalProgress | render.NotebookProgress:
         """A live bar in a terminal; a display updated in place in a notebook."""

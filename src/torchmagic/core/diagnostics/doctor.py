@@ -667,7 +667,7 @@ def _data_wait(ws: Workspace, fits: Sequence[object], pin: object | None) -> Ite
         if getattr(pin, "recommend", False):
             remedies.append(
                 f"pin_memory=True with .to(device, non_blocking=True) (pinbench measured "
-                f"{pin.speedup:.1f}x faster copies)"
+                f"{getattr(pin, 'speedup', 0.0):.1f}x faster copies)"
             )
     else:
         remedies.append(

@@ -125,8 +125,9 @@ def _is_within(name: str, ancestor: str) -> bool:
 def _position(model: nn.Module, name: str) -> tuple[int, ...]:
     """Where ``name`` sits in registration order, without walking the whole model."""
     position = []
-    module = model
+    module: nn.Module | None = model
     for part in name.split(".") if name else ():
+        assert module is not None  # a path of registered children
         keys = list(module._modules)
         position.append(keys.index(part))
         module = module._modules[part]
