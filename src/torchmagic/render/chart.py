@@ -10,28 +10,32 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..core.training.fit import FitHistory
 from .theme import ROLES
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 # drawn in this colour, then written as currentColor: no line uses it
-_INK = "#010203"
+INK = "#010203"  # drawn in this colour, then written as currentColor
 LINE_COLORS = tuple(ROLES[r].fallback for r in ("accent", "error", "ok", "bn", "warning", "info"))
 
 
 def _axes_style(ax, title: str, epochs: Sequence[int]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_title(title, fontsize=9, color=_INK)
-    ax.set_xlabel("epoch", fontsize=8, color=_INK)
+    ax.set_title(title, fontsize=9, color=INK)
+    ax.set_xlabel("epoch", fontsize=8, color=INK)
     ax.set_xlim(min(epochs) - 0.25, max(epochs) + 0.25)  # one epoch still gets its tick
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    ax.tick_params(labelsize=7, colors=_INK)
+    ax.tick_params(labelsize=7, colors=INK)
     ax.set_facecolor("none")
     for spine in ax.spines.values():
-        spine.set_color(_INK)
+        spine.set_color(INK)
     if ax.get_legend_handles_labels()[0]:
-        legend = ax.legend(fontsize=7, frameon=False, labelcolor=_INK)
+        legend = ax.legend(fontsize=7, frameon=False, labelcolor=INK)
         legend.get_frame().set_alpha(0)
 
 
@@ -41,7 +45,6 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
     if not runs:
         return ""
     try:
-        import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
         return ""
@@ -63,7 +66,7 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
             rest[0].plot(xs, accuracy, "o-", color=color, label=h.label)
         for event in h.unfreezes:  # the block trains from the next epoch on
             for ax in (loss_ax, *rest):
-                ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color=_INK)
+                ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color=INK)
             loss_ax.annotate(
                 event.block,
                 (event.epoch + 0.5, 1),
@@ -72,16 +75,24 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
                 rotation=90,
                 va="top",
                 ha="right",
-                color=_INK,
+                color=INK,
             )
     epochs = [m.epoch for h in runs for m in h.epochs]
     _axes_style(loss_ax, "loss", epochs)
     if rest:
         _axes_style(rest[0], "val accuracy (%)", epochs)
+    return figure_svg(fig, "fit history chart")
+
+
+def figure_svg(fig: Figure, label: str) -> str:
+    """``fig`` as inline SVG in a labelled block: transparent, text as text, and whatever
+    was drawn in ``INK`` in the front end's text colour (``currentColor``)."""
+    import matplotlib
+
     fig.tight_layout()
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buffer, format="svg", transparent=True, metadata={"Date": None})
     svg = buffer.getvalue()
-    svg = svg[svg.index("<svg") :].replace(_INK, "currentColor")
-    return f'<div class="torchmagic-chart" role="img" aria-label="fit history chart">{svg}</div>'
+    svg = svg[svg.index("<svg") :].replace(INK, "currentColor")
+    return f'<div class="torchmagic-chart" role="img" aria-label="{label}">{svg}</div>'

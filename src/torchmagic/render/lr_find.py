@@ -9,7 +9,6 @@ text colour) and the lines use mid-tone colours that read on light and dark them
 
 from __future__ import annotations
 
-import io
 from collections.abc import Collection
 
 from rich.console import Group, RenderableType
@@ -17,9 +16,10 @@ from rich.text import Text
 
 from ..core.training.lr_find import LrFindResult
 from .base import Rendered, lr
+from .chart import INK, figure_svg
+from .theme import ROLES
 
-_INK = "#010203"  # drawn in this colour, then written as currentColor
-_RAW, _SMOOTH, _MARK = "#8c8c8c", "#3b82f6", "#e8590c"
+_RAW, _SMOOTH, _MARK = (ROLES[role].fallback for role in ("dim", "accent", "warning"))
 
 
 def chart_svg(result: LrFindResult) -> str:
@@ -28,7 +28,6 @@ def chart_svg(result: LrFindResult) -> str:
     if len(result.lrs) < 2:
         return ""
     try:
-        import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
         return ""
@@ -53,19 +52,13 @@ def chart_svg(result: LrFindResult) -> str:
     ax.set_xscale("log")
     if result.smoothed[0] > 0:  # the divergence at the end goes off the top
         ax.set_ylim(top=result.smoothed[0] * 1.5)
-    ax.set_xlabel(f"lr ({result.reference_name})", fontsize=8, color=_INK)
-    ax.set_ylabel("loss", fontsize=8, color=_INK)
-    ax.tick_params(labelsize=7, colors=_INK, which="both")
+    ax.set_xlabel(f"lr ({result.reference_name})", fontsize=8, color=INK)
+    ax.set_ylabel("loss", fontsize=8, color=INK)
+    ax.tick_params(labelsize=7, colors=INK, which="both")
     for spine in ax.spines.values():
-        spine.set_color(_INK)
-    ax.legend(fontsize=7, frameon=False, labelcolor=_INK)
-    fig.tight_layout()
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(buffer, format="svg", transparent=True, metadata={"Date": None})
-    svg = buffer.getvalue()
-    svg = svg[svg.index("<svg") :].replace(_INK, "currentColor")
-    return f'<div class="torchmagic-chart" role="img" aria-label="lr_find chart">{svg}</div>'
+        spine.set_color(INK)
+    ax.legend(fontsize=7, frameon=False, labelcolor=INK)
+    return figure_svg(fig, "lr_find chart")
 
 
 def _lines(result: LrFindResult) -> list[RenderableType]:
