@@ -17,6 +17,21 @@ from .base import OPT, Subcommand, TopicMagics, parse, subcommands
 _MODE_WORDS = f"[{'|'.join(MODES)}]"
 
 
+# Arguments every training magic takes (one decorator object serves each of them).
+MODEL_AND_TRAIN = argument(
+    "names",
+    nargs="+",
+    metavar="[MODEL] TRAIN_LOADER",
+    help="the model variable (default: the current model) and the training loader",
+)
+LOSS = argument(
+    "--loss",
+    default="cross_entropy",
+    metavar="NAME",
+    help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
+)
+
+
 @magics_class
 class TrainingMagics(TopicMagics):
     """Train with the model's own optimizer and schedulers; mixed precision for the
@@ -84,12 +99,7 @@ class TrainingMagics(TopicMagics):
             del ns[name]
 
     @magic_arguments()
-    @argument(
-        "names",
-        nargs="+",
-        metavar="[MODEL] TRAIN_LOADER",
-        help="the model variable (default: the current model) and the training loader",
-    )
+    @MODEL_AND_TRAIN
     @argument(
         "--val",
         default=None,
@@ -100,12 +110,7 @@ class TrainingMagics(TopicMagics):
     @argument(
         "--max-steps", type=int, default=None, metavar="N", help="stop after N optimizer steps"
     )
-    @argument(
-        "--loss",
-        default="cross_entropy",
-        metavar="NAME",
-        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
-    )
+    @LOSS
     @argument(
         "--cache-features",
         action="store_true",
@@ -192,12 +197,7 @@ class TrainingMagics(TopicMagics):
         return render.fit_history(history, self.width)
 
     @magic_arguments()
-    @argument(
-        "names",
-        nargs="+",
-        metavar="[MODEL] TRAIN_LOADER",
-        help="the model variable (default: the current model) and the training loader",
-    )
+    @MODEL_AND_TRAIN
     @argument("--start", type=float, default=1e-7, metavar="LR", help="the first lr")
     @argument("--end", type=float, default=10.0, metavar="LR", help="the last lr")
     @argument("--steps", type=int, default=100, metavar="N", help="steps from start to end")
@@ -206,12 +206,7 @@ class TrainingMagics(TopicMagics):
         action="store_true",
         help="set the head group's base lr to the suggestion, others in proportion (undoable)",
     )
-    @argument(
-        "--loss",
-        default="cross_entropy",
-        metavar="NAME",
-        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
-    )
+    @LOSS
     @OPT
     @line_magic
     def lr_find(self, line: str):
@@ -236,12 +231,7 @@ class TrainingMagics(TopicMagics):
         return render.render(result, self.width)
 
     @magic_arguments()
-    @argument(
-        "names",
-        nargs="+",
-        metavar="[MODEL] TRAIN_LOADER",
-        help="the model variable (default: the current model) and the training loader",
-    )
+    @MODEL_AND_TRAIN
     @argument("--val", required=True, metavar="VAL_LOADER", help="the validation loader")
     @argument("--epochs", type=int, required=True, metavar="N", help="epochs with all unfrozen")
     @argument(
@@ -254,12 +244,7 @@ class TrainingMagics(TopicMagics):
         metavar="X",
         help="the head's base lr; the body gets X/100..X (default: the head group's base lr)",
     )
-    @argument(
-        "--loss",
-        default="cross_entropy",
-        metavar="NAME",
-        help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
-    )
+    @LOSS
     @OPT
     @line_magic
     def fine_tune(self, line: str):
