@@ -19,7 +19,7 @@ from .errors import TorchMagicError
 from .modules import unwrap
 from .surgery import scheduler_sync
 from .surgery.grammar import Target, parse_segment
-from .tensors import optimizer_params
+from .tensors import optimizer_params, owners
 
 
 class StaleOptimizerError(TorchMagicError):
@@ -195,7 +195,7 @@ class Workspace:
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
-        owning = [(n, o) for n, o in optimizers if _holds(o, ids)]
+        owning = owners(optimizers, model.parameters())
         if len(owning) > 1:
             for n, o in owning:
                 if n == remembered:

@@ -9,6 +9,7 @@ from torch import nn
 from torch.optim import lr_scheduler as torch_schedulers
 
 from ..modules import walk
+from ..tensors import nbytes
 from . import scheduler_sync
 from .optimizer_sync import group_label
 from .results import Counts, GroupInfo
@@ -28,13 +29,13 @@ def count(model: nn.Module) -> Counts:
             n = p.numel()
             total += n
             tensors += 1
-            param_bytes += n * p.element_size()
+            param_bytes += nbytes(p)
             if p.requires_grad:
                 trainable += n
         for b in module._buffers.values():
             if b is not None and id(b) not in seen:
                 seen.add(id(b))
-                buffer_bytes += b.numel() * b.element_size()
+                buffer_bytes += nbytes(b)
     return Counts(total, trainable, tensors, param_bytes, buffer_bytes)
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..modules import parameter_names
+from ..tensors import nbytes, step_stays_on_host
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
@@ -111,11 +112,6 @@ def homes(optimizer: torch.optim.Optimizer) -> Homes:
 def group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
     """Which param group holds each parameter, by ``id``."""
     return {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
-
-
-def step_stays_on_host(group: dict, key: str) -> bool:
-    """Optimizers keep ``step`` on the CPU unless the group is capturable or fused."""
-    return key == "step" and not (group.get("capturable") or group.get("fused"))
 
 
 def group_label(group: dict, index: int) -> str:
@@ -287,7 +283,7 @@ class OptimizerEditor:
                     kept[key] = (value, None)
                     continue
                 if value.device.type != "cpu":
-                    freed += value.numel() * value.element_size()
+                    freed += nbytes(value)
                 follows = value.device == p.device and not step_stays_on_host(group, key)
                 home = None if follows else value.device
                 kept[key] = (value.to("cpu"), home)

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm
 from ..surgery import batchnorm, heads
+from ..tensors import nbytes
 from .data import random_transforms
 
 
@@ -111,7 +112,7 @@ class FeatureStore:
     def _allocate(
         self, features: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        per_sample = features[0].numel() * features.element_size()
+        per_sample = nbytes(features[0])
         where = torch.device("cpu")
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
