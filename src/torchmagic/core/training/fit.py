@@ -47,7 +47,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import TorchMagicError
 from ..modules import walk
-from ..surgery.optimizer_sync import group_label
 from . import feature_cache
 from .amp import AmpController
 from .data import load_batch, next_epoch_indices, split_batch, to_device
@@ -609,7 +608,7 @@ class _Trainer:
     def _group_names(self) -> tuple[str, ...]:
         """The names of the groups :meth:`_group_lrs` reads, in the same order."""
         groups = self.plan.optimizer.param_groups
-        return tuple(group_label(g, i) for i, g in enumerate(groups) if g["params"])
+        return tuple(str(g.get("name", f"group {i}")) for i, g in enumerate(groups) if g["params"])
 
     def _request_interrupt(self) -> None:
         self.interrupt_requested = True
