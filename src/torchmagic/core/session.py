@@ -38,7 +38,7 @@ from .diagnostics.compiled import CompileWatch
 from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
-from .surgery import edits, scheduler_sync
+from .surgery import edits, model_checks, scheduler_sync
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
 from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
@@ -115,16 +115,18 @@ class Session:
         excluded = parse_targets(exclude)
         name, model, relative = self.workspace.split_root(parsed)
         target = self._target(name, model, optimizer)
+        model_checks.check_editable(target.model, name)
         relative_excluded = []
         for t in excluded:
             relative_excluded.append(t.without_head() if t.head == name else t)
         return target, select(target.model, relative, relative_excluded)
 
     def _one_module(
-        self, where: str | None, optimizer: str | None = None
+        self, where: str | None, optimizer: str | None = None, *, edit: bool = True
     ) -> tuple[edits.BoundModel, str, nn.Module]:
         """The model ``where`` names (or the current one) and the one module inside it
-        that ``where``'s path names: (bound model, relative name, module)."""
+        that ``where``'s path names: (bound model, relative name, module). ``edit``:
+        refuse models surgery cannot edit, else only those it cannot read."""
         if where is None:
             name, model = self.workspace.resolve_model()
             relative = None
@@ -132,6 +134,8 @@ class Session:
             name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
         target = self._target(name, model, optimizer)
+        check = model_checks.check_editable if edit else model_checks.check_readable
+        check(target.model, name)
         if relative is None or relative.is_whole:
             return target, "", target.model
         hits = resolve(target.model, relative)
@@ -276,7 +280,7 @@ class Session:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""
         if depth is not None and depth < 0:
             raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
-        target, relative_name, root = self._one_module(where)
+        target, relative_name, root = self._one_module(where, edit=False)
         label = f"{target.model_name}.{relative_name}" if relative_name else target.model_name
         return summarize(
             root,

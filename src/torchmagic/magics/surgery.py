@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
-from ..core.surgery.grammar import parse_lr, parse_weight_decay
+from ..core.surgery.grammar import parse_count, parse_lr, parse_weight_decay
 from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse
-
-_INT = re.compile(r"^[+-]?\d+$")
 
 LR = KeyOption(
     "lr",
@@ -140,13 +136,9 @@ class SurgeryMagics(TopicMagics):
             if len(args.spec) > 2:
                 raise TorchMagicError("one head and one class count", param="spec")
             where, count = ["auto", *args.spec] if len(args.spec) == 1 else args.spec
-            if not _INT.match(count):
-                raise TorchMagicError(
-                    f"N must be a whole number of classes, got '{count}'", param="num_classes"
-                )
             result = self.session.replace_head(
                 where,
-                int(count),
+                parse_count(count, "num_classes"),
                 dropout=args.dropout,
                 optimizer=args.optimizer,
                 dry_run=args.dry_run,

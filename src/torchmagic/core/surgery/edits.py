@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm, parent_of, unique_parameters
-from . import batchnorm, heads, optimizer_sync, scheduler_sync
+from . import batchnorm, heads, optimizer_sync, scheduler_sync, ties
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Effect
 from .selection import Block, Selection
@@ -57,17 +57,29 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
+def _ties(target: BoundModel, selection: Selection) -> list[ties.Tie]:
+    """Parameters of the selection that modules outside it use too."""
+    blocks = ((b.name, b.module, b.recurse) for b in selection.blocks)
+    return ties.find(target.model, ties.inside_names(blocks))
+
+
 def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
     params = selection.parameters()
+    tied = [t for t in _ties(target, selection) if t.param.requires_grad]
+    if tied:  # a module outside the selection still trains them
+        kept = {id(t.param) for t in tied}
+        params = [p for p in params if id(p) not in kept]
+    notes = tuple(f"{t.describe()}: it keeps training (freeze those too)" for t in tied)
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
-        raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
+        why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
+        raise TorchMagicError(f"nothing to freeze: {why}")
     freed = 0
     if target.optimizer is not None:
         freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
     _set_requires_grad(params, False, tx)
     _drop_grads(params, tx)
     modes = batchnorm.apply(selection, bn_policy, tx)
-    return Effect(selection.names, _numel(params), freed, dict(modes))
+    return Effect(selection.names, _numel(params), freed, dict(modes), notes)
 
 
 def head_group(target: BoundModel, exclude: Sequence[nn.Parameter] = ()) -> int | None:
@@ -226,7 +238,11 @@ def unfreeze(
         raise TorchMagicError(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
-    notes: list[str] = []
+    notes = [
+        f"{t.describe()}: those train too"
+        for t in _ties(target, Selection(selection.model, tuple(blocks)))
+        if not t.param.requires_grad
+    ]
     if opt is None:
         notes.append("no optimizer holds this model's parameters: only requires_grad changed")
     else:
@@ -276,6 +292,31 @@ def _head_groups(
     return joining, homeless
 
 
+# A module's hook tables: the new head adopts the old head's very dicts, so the user's
+# handles (which point at the dicts) still remove them.
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_COUNTED_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _carry_hooks(old: nn.Module, new: nn.Module) -> int:
+    """Move the user's hooks of ``old`` onto ``new`` (fresh, none of its own); how many."""
+    carried = sum(len(getattr(old, table, ())) for table in _COUNTED_HOOKS)
+    if carried:
+        for table in _HOOK_TABLES:
+            if hasattr(old, table):
+                object.__setattr__(new, table, getattr(old, table))
+        new._is_full_backward_hook = old._is_full_backward_hook
+    return carried
+
+
 def replace_head(
     target: BoundModel,
     root: nn.Module,
@@ -300,7 +341,9 @@ def replace_head(
     if any(not name for name, _ in located):
         raise TorchMagicError("the model itself is a single layer: there is no head to swap in it")
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
-    old_params = unique_parameters([m for _, m in located])
+    tied = ties.find(target.model, ties.inside_names((n, m, True) for n, m in located))
+    shared = {id(t.param) for t in tied}  # the model keeps using them elsewhere
+    old_params = [p for p in unique_parameters([m for _, m in located]) if id(p) not in shared]
     new_params = unique_parameters(new_modules)
     opt = target.optimizer
     if opt is not None:
@@ -311,10 +354,13 @@ def replace_head(
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
-    for (name, _), new in zip(located, new_modules, strict=True):
+    notes = []
+    for (name, old), new in zip(located, new_modules, strict=True):
+        carried = _carry_hooks(old, new)
+        if carried:
+            notes.append(f"{name}: its {carried} hook(s) now run on the new head")
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
-    notes = []
     if opt is not None:
         for index, params in joining.items():
             editor.join(index, params)
@@ -332,4 +378,5 @@ def replace_head(
     )
     if len(located) > 1:
         notes.append("auxiliary heads replaced too: " + ", ".join(n for n, _ in located[1:]))
+    notes += [f"{t.describe()}: the new head has its own; that one stays as it is" for t in tied]
     return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, tuple(notes))

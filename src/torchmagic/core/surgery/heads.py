@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
+from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
 AUX_HEAD_PATHS = ("aux1.fc2", "aux2.fc2", "AuxLogits.fc")
 HEAD_TYPES = (nn.Linear, nn.Conv2d)
+# More classes than the largest label sets in use (extreme classification) is a typo.
+MAX_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,38 @@ def aux_heads(root: nn.Module) -> list[Head]:
     ]
 
 
+def _free_bytes(device: torch.device) -> int | None:
+    """Memory a new tensor could take on ``device`` now; None where unknown."""
+    if device.type == "cpu":
+        return machine_memory()[0]
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return None
+
+
+def check_size(old: nn.Module, num_classes: int) -> None:
+    """Refuse a class count beyond :data:`MAX_CLASSES`, or whose new weight would not fit
+    in the memory free on the old head's device, before anything is allocated."""
+    if num_classes > MAX_CLASSES:
+        raise TorchMagicError(
+            f"num_classes={num_classes} is more than {MAX_CLASSES:,} classes", param="num_classes"
+        )
+    weight = old.weight
+    per_class = weight[0].numel() + (1 if getattr(old, "bias", None) is not None else 0)
+    needed = per_class * num_classes * weight.element_size()
+    free = _free_bytes(weight.device)
+    if free is not None and needed > free:
+        raise TorchMagicError(
+            f"num_classes={num_classes}: the new head needs {needed / 2**30:.1f} GiB, "
+            f"{free / 2**30:.1f} GiB is free on {weight.device}",
+            param="num_classes",
+        )
+
+
 def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -> nn.Module:
     """A fresh layer with ``old``'s input size, device, dtype, bias and mode."""
+    if isinstance(old, HEAD_TYPES):
+        check_size(old, num_classes)
     weight = old.weight
     factory = {"device": weight.device, "dtype": weight.dtype}
     if isinstance(old, nn.Linear):

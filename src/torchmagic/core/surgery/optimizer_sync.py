@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..modules import parameter_names
+from .model_checks import check_optimizer
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
@@ -153,6 +154,7 @@ class OptimizerEditor:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, tx: Transaction, model: nn.Module) -> None:
+        check_optimizer(optimizer)
         self.optimizer = optimizer
         self._tx = tx
         self._model = model

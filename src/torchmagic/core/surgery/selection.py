@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
-from .grammar import Segment, Target
+from .grammar import Segment, Target, is_index
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Selection:
 
 def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
     children = module._modules
-    if name.startswith("-") and name[1:].isdigit() and -len(children) <= int(name):
+    if name.startswith("-") and is_index(name) and -len(children) <= int(name):
         name = list(children)[int(name)]  # `classifier.-1`: the last child
     child = children.get(name)
     if child is None:
