@@ -148,12 +148,16 @@ def _named_batchnorms(selection: Selection) -> list[tuple[list[str], nn.Module]]
             if is_batchnorm(m) and name not in inside.setdefault(id(m), []):
                 inside[id(m)].append(name)
                 layers[id(m)] = m
-    if not layers:
-        return []
-    everywhere: dict[int, int] = Counter(
-        id(m) for _, m in selection.model.named_modules(remove_duplicate=False) if id(m) in layers
-    )
-    return [(inside[key], layers[key]) for key in layers if everywhere[key] == len(inside[key])]
+    again = selection.sharing[0] & layers.keys() if layers else set()
+    everywhere: Counter = Counter()
+    if again:  # a layer registered at several places: are they all inside?
+        model = selection.model
+        everywhere.update(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    return [
+        (inside[key], layers[key])
+        for key in layers
+        if key not in again or everywhere[key] == len(inside[key])
+    ]
 
 
 def _swap_all(root: nn.Module, names: list[str], new: nn.Module, tx: Transaction) -> None:

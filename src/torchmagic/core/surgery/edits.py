@@ -60,7 +60,7 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
 def _ties(target: BoundModel, selection: Selection) -> list[ties.Tie]:
     """Parameters of the selection that modules outside it use too."""
     blocks = ((b.name, b.module, b.recurse) for b in selection.blocks)
-    return ties.find(target.model, ties.inside_names(blocks))
+    return ties.find(target.model, blocks, selection.sharing)
 
 
 def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
@@ -341,7 +341,7 @@ def replace_head(
     if any(not name for name, _ in located):
         raise TorchMagicError("the model itself is a single layer: there is no head to swap in it")
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
-    tied = ties.find(target.model, ties.inside_names((n, m, True) for n, m in located))
+    tied = ties.find(target.model, [(n, m, True) for n, m in located])
     shared = {id(t.param) for t in tied}  # the model keeps using them elsewhere
     old_params = [p for p in unique_parameters([m for _, m in located]) if id(p) not in shared]
     new_params = unique_parameters(new_modules)

@@ -127,7 +127,7 @@ def _free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_size(old: nn.Module, num_classes: int) -> None:
+def check_size(old: nn.Linear | nn.Conv2d, num_classes: int) -> None:
     """Refuse a class count beyond :data:`MAX_CLASSES`, or whose new weight would not fit
     in the memory free on the old head's device, before anything is allocated."""
     if num_classes > MAX_CLASSES:

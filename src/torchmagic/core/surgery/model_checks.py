@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
 from ..errors import TorchMagicError
+from ..modules import walk
 
 # Optimizer classes (by name, so that optional packages need not be imported) that keep
 # their own view of the groups' members, which an in-place group edit would not reach.
@@ -29,6 +31,8 @@ CACHED_VIEW_OPTIMIZERS = {
 
 def lazy_modules(model: nn.Module) -> list[str]:
     """Qualified names of the modules whose parameters or buffers are still lazy."""
+    if not any(isinstance(m, LazyModuleMixin) for m in walk(model)):  # the cheap common case
+        return []
     return [
         f"{name or 'the model'}: {type(module).__name__}"
         for name, module in model.named_modules()

@@ -6,11 +6,13 @@ import difflib
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
+from . import ties
 from .grammar import Segment, Target, is_index
 
 
@@ -49,6 +51,12 @@ class Selection:
 
     def modules(self) -> list[nn.Module]:
         return [m for block in self.blocks for m in block.modules()]
+
+    @cached_property
+    def sharing(self) -> tuple[set[int], bool]:
+        """The model's modules registered twice and whether parameters are tied
+        (:func:`ties.shared_modules`), walked once per command."""
+        return ties.shared_modules(self.model)
 
     @property
     def names(self) -> tuple[str, ...]:

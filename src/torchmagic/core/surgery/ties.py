@@ -45,9 +45,41 @@ def inside_names(blocks: Iterable[tuple[str, nn.Module, bool]]) -> set[str]:
     }
 
 
-def find(model: nn.Module, inside: set[str]) -> list[Tie]:
-    """Parameters named in ``inside`` (the edited modules) that also have a name outside
-    it: a module that is not being edited uses them too."""
+def shared_modules(model: nn.Module) -> tuple[set[int], bool]:
+    """Ids of the modules registered at more than one place, and whether any parameter
+    is held by more than one module: one cheap walk, so models without ties (nearly
+    all) skip the naming below."""
+    seen: set[int] = set()
+    again: set[int] = set()
+    params: set[int] = set()
+    held = 0
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            again.add(id(module))
+            continue
+        seen.add(id(module))
+        if module._parameters:
+            mine = [id(p) for p in module._parameters.values() if p is not None]
+            held += len(mine)
+            params.update(mine)
+        stack.extend(m for m in module._modules.values() if m is not None)
+    return again, held > len(params)
+
+
+def find(
+    model: nn.Module,
+    blocks: Iterable[tuple[str, nn.Module, bool]],
+    sharing: tuple[set[int], bool] | None = None,
+) -> list[Tie]:
+    """Parameters of the edited (name, module, recurse) ``blocks`` that also have a name
+    outside them: a module that is not being edited uses them too. ``sharing``: the
+    model's :func:`shared_modules`, when already known."""
+    again, tied = sharing or shared_modules(model)
+    if not again and not tied:
+        return []
+    inside = inside_names(blocks)
     found = []
     for p, names in _names(model).values():
         mine = tuple(n for n in names if n in inside)
