@@ -69,7 +69,9 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     if tied:  # a module outside the selection still trains them
         kept = {id(t.param) for t in tied}
         params = [p for p in params if id(p) not in kept]
-    notes = tuple(f"{t.describe()}: it keeps training (freeze those too)" for t in tied)
+    notes = tuple(
+        f"{t.describe()}: it keeps training (freeze {t.other_modules} too to stop it)" for t in tied
+    )
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
         raise TorchMagicError(f"nothing to freeze: {why}")

@@ -23,6 +23,11 @@ class Tie:
     inside: tuple[str, ...]  # its names among the edited modules
     outside: tuple[str, ...]  # its names elsewhere in the model
 
+    @property
+    def other_modules(self) -> str:
+        """The other users by module name: ``embed`` for ``embed.weight``."""
+        return ", ".join(dict.fromkeys(n.rpartition(".")[0] or n for n in self.outside))
+
     def describe(self) -> str:
         return f"{self.inside[0]} is tied to {', '.join(self.outside)}"
 
