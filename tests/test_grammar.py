@@ -12,13 +12,13 @@ from torchmagic.core.surgery.grammar import (
 def test_sibling_range_expands_names():
     target = parse_target("model.layer1-3")
     assert [s.text for s in target.segments] == ["model", "layer1-3"]
-    assert target.segments[1].names() == ["layer1", "layer2", "layer3"]
+    assert list(target.segments[1].names()) == ["layer1", "layer2", "layer3"]
     assert target.head == "model"
 
 
 def test_index_range_and_negative_index():
-    assert parse_target("features.0-2").segments[1].names() == ["0", "1", "2"]
-    assert parse_target("classifier.-1").segments[1].names() == ["-1"]
+    assert list(parse_target("features.0-2").segments[1].names()) == ["0", "1", "2"]
+    assert list(parse_target("classifier.-1").segments[1].names()) == ["-1"]
 
 
 def test_glob_is_kept_whole():

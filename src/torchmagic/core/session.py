@@ -40,7 +40,7 @@ from .diagnostics.compiled import CompileWatch
 from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
-from .surgery import edits, heads, scheduler_sync
+from .surgery import edits, heads, model_checks, scheduler_sync
 from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
@@ -146,6 +146,7 @@ class Session:
         excluded = parse_targets(exclude)
         name, model, relative = self.workspace.split_root(parsed)
         target = self._target(name, model, optimizer)
+        model_checks.check_editable(target.model, name)
         relative_excluded = [self.workspace.relative_to(name, t) for t in excluded]
         return target, select(target.model, relative, relative_excluded)
 
@@ -153,7 +154,8 @@ class Session:
         self, where: str | None, optimizer: str | None = None, reading: bool = False
     ) -> tuple[edits.BoundModel, str, nn.Module]:
         """The model ``where`` names (or the current one) and the one module inside it
-        that ``where``'s path names: (bound model, relative name, module)."""
+        that ``where``'s path names: (bound model, relative name, module). ``edit``:
+        refuse models surgery cannot edit, else only those it cannot read."""
         if where is None:
             name, model = self.workspace.resolve_model()
             relative = None
@@ -161,6 +163,8 @@ class Session:
             name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
         target = self._target(name, model, optimizer, reading)
+        check = model_checks.check_readable if reading else model_checks.check_editable
+        check(target.model, name)
         if relative is None or relative.is_whole:
             return target, "", target.model
         hits = resolve(target.model, relative)

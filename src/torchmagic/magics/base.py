@@ -146,8 +146,17 @@ def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") ->
 
 
 def parse(magic: MagicFunction, line: str) -> argparse.Namespace:
-    """argparse over shell-like tokens; options and targets may be interleaved."""
-    return magic.parser.parse_intermixed_args(arg_split(line, posix=True))  # type: ignore[attr-defined]
+    """argparse over shell-like tokens; options and targets may be interleaved. A line
+    the shell-like split cannot read (an unclosed quote, a trailing backslash) is one
+    ``UsageError``."""
+    try:
+        words = arg_split(line, posix=True)
+    except ValueError as error:  # shlex: "No closing quotation", "No escaped character"
+        hint = "close the quote" if "quotation" in str(error) else "escape the backslash (\\\\)"
+        raise UsageError(
+            f"cannot read the line: {str(error).lower()}; {hint}; usage: {usage(real_name(magic))}"
+        ) from None
+    return magic.parser.parse_intermixed_args(words)  # type: ignore[attr-defined]
 
 
 class TopicMagics(Magics):

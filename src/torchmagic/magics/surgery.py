@@ -10,10 +10,10 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
-from ..core.surgery.grammar import parse_labels, parse_lr, parse_weight_decay
+from ..core.surgery.grammar import parse_count, parse_labels, parse_lr, parse_weight_decay
 from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse
 
-_INT = re.compile(r"^[+-]?\d+$")
+_COUNT = re.compile(r"^[+-]?[0-9]+$")  # a word that is meant as the class count N
 
 LR = KeyOption(
     "lr",
@@ -153,7 +153,7 @@ class SurgeryMagics(TopicMagics):
                 labels = options.get("labels")
                 if len(spec) > 2 or not spec and labels is None:
                     raise TorchMagicError("one head and one class count", param="spec")
-                if len(spec) == 2 or spec and _INT.match(spec[-1]):
+                if len(spec) == 2 or spec and _COUNT.match(spec[-1]):
                     where, count = ["auto", *spec] if len(spec) == 1 else spec
                 else:
                     where, count = (spec[0] if spec else "auto"), None
@@ -161,13 +161,9 @@ class SurgeryMagics(TopicMagics):
                     raise TorchMagicError(
                         f"the number of classes is missing after '{where}'", param="num_classes"
                     )
-                if count is not None and not _INT.match(count):
-                    raise TorchMagicError(
-                        f"N must be a whole number of classes, got '{count}'", param="num_classes"
-                    )
                 result = self.session.replace_head(
                     where,
-                    None if count is None else int(count),
+                    None if count is None else parse_count(count, "num_classes"),
                     labels=labels,
                     dropout=args.dropout,
                     optimizer=args.optimizer,

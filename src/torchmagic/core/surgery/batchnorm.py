@@ -99,18 +99,23 @@ def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
         for name, tensor in mine.items():
             getattr(frozen, name).copy_(tensor)
     _ORIGINALS[frozen] = bn
+    frozen.original_settings = {"momentum": bn.momentum, "affine": bn.affine}  # copies keep it
     return frozen
 
 
 def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.BatchNorm2d:
     """The BatchNorm2d ``frozen`` replaced, holding ``frozen``'s current values (a checkpoint
     may have been loaded meanwhile), on its device and dtype; a new one with ``frozen``'s
-    eps when the original is unknown (the model was copied while frozen)."""
+    eps, momentum and affine when the original is unknown (the model was copied while
+    frozen)."""
     theirs = _tensors(frozen)
     ref = theirs["running_mean"]
     bn = _ORIGINALS.get(frozen)
     if bn is None:
-        bn = nn.BatchNorm2d(ref.numel(), eps=frozen.eps, device=ref.device, dtype=ref.dtype)
+        settings = getattr(frozen, "original_settings", {})
+        bn = nn.BatchNorm2d(
+            ref.numel(), eps=frozen.eps, **settings, device=ref.device, dtype=ref.dtype
+        )
     mine = _tensors(bn)
     old = mine["running_mean"]
     if old.device != ref.device or old.dtype != ref.dtype:
@@ -134,28 +139,49 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
     return bn
 
 
-def _named_batchnorms(selection: Selection) -> list[tuple[str, nn.Module]]:
-    out: list[tuple[str, nn.Module]] = []
+def _named_batchnorms(selection: Selection) -> list[tuple[list[str], nn.Module]]:
+    """Each BatchNorm of the selection once, with every position it is registered at
+    (a module used twice has two), when all of them are inside the selection: one used
+    outside too is left alone (its parameters keep training there, see ``ties``)."""
+    inside: dict[int, list[str]] = {}
+    layers: dict[int, nn.Module] = {}
     for block in selection.blocks:
         items = (
-            block.module.named_modules(prefix=block.name)
+            block.module.named_modules(prefix=block.name, remove_duplicate=False)
             if block.recurse
             else [(block.name, block.module)]
         )
-        out.extend((name, m) for name, m in items if is_batchnorm(m))
-    return out
+        for name, m in items:
+            if is_batchnorm(m) and name not in inside.setdefault(id(m), []):
+                inside[id(m)].append(name)
+                layers[id(m)] = m
+    again = selection.sharing[0] & layers.keys() if layers else set()
+    everywhere: Counter = Counter()
+    if again:  # a layer registered at several places: are they all inside?
+        model = selection.model
+        everywhere.update(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    return [
+        (inside[key], layers[key])
+        for key in layers
+        if key not in again or everywhere[key] == len(inside[key])
+    ]
+
+
+def _swap_all(root: nn.Module, names: list[str], new: nn.Module, tx: Transaction) -> None:
+    for name in names:
+        _swap(root, name, new, tx)
 
 
 def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
     """Apply ``policy`` to every BatchNorm inside a block being frozen; count the modes."""
     modes: Counter = Counter()
-    for name, bn in _named_batchnorms(selection):
+    for names, bn in _named_batchnorms(selection):
         if policy == "train":
             if is_held(bn):
                 _release(bn, selection.model.training, tx)
         elif policy == "frozen" and type(bn) is nn.BatchNorm2d and bn.track_running_stats:
             bn = _frozen_copy(bn)
-            _swap(selection.model, name, bn, tx)
+            _swap_all(selection.model, names, bn, tx)
         elif isinstance(bn, _BatchNorm):
             _hold(bn, tx)
         modes[mode(bn)] += 1
@@ -166,17 +192,17 @@ def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module]
     """Undo any policy on the BatchNorm layers of blocks being unfrozen.
 
     Held layers follow the model's train/eval mode again; FrozenBatchNorm2d layers become
-    the BatchNorm2d they replaced (same momentum, eps, affine), with their statistics.
-    Returns the swapped modules by old
-    ``id`` and the modes the layers are in afterwards.
+    the BatchNorm2d they replaced (same momentum, eps, affine), with their statistics, at
+    every position they hold. Returns the swapped modules by old ``id`` and the modes
+    the layers are in afterwards.
     """
     training = selection.model.training
     swapped: dict[int, nn.Module] = {}
     modes: Counter = Counter()
-    for name, bn in _named_batchnorms(selection):
+    for names, bn in _named_batchnorms(selection):
         if isinstance(bn, FrozenBatchNorm2d):
             new = _restored(bn, training, tx)
-            _swap(selection.model, name, new, tx)
+            _swap_all(selection.model, names, new, tx)
             swapped[id(bn)] = bn = new
         elif is_held(bn):
             _release(bn, training, tx)

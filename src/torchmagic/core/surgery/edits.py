@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import is_batchnorm, parent_of, unique_parameters
-from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync
+from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync, ties
 from .counting import group_keys
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Effect
@@ -102,6 +102,7 @@ def _effect(
     flipped: Sequence[nn.Parameter],
     state_freed_bytes: int = 0,
     bn_modes: Mapping[str, int] | None = None,
+    notes: Sequence[str] = (),
 ) -> Effect:
     """The Effect of a freeze or unfreeze: the blocks, which of them were already as the
     command leaves them (their state in ``before`` is unchanged), the parameters whose
@@ -116,15 +117,30 @@ def _effect(
         _numel(flipped),
         state_freed_bytes,
         dict(bn_modes or {}),
+        tuple(notes),
         already=already,
         excluded=selection.excluded,
     )
 
 
+def _ties(target: BoundModel, selection: Selection) -> list[ties.Tie]:
+    """Parameters of the selection that modules outside it use too."""
+    blocks = ((b.name, b.module, b.recurse) for b in selection.blocks)
+    return ties.find(target.model, blocks, selection.sharing)
+
+
 def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:
     params = selection.parameters()
+    tied = [t for t in _ties(target, selection) if t.param.requires_grad]
+    if tied:  # a module outside the selection still trains them
+        kept = {id(t.param) for t in tied}
+        params = [p for p in params if id(p) not in kept]
+    notes = tuple(
+        f"{t.describe()}: it keeps training (freeze {t.other_modules} too to stop it)" for t in tied
+    )
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
-        raise TorchMagicError(f"nothing to freeze: {', '.join(selection.names)} has no parameters")
+        why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
+        raise TorchMagicError(f"nothing to freeze: {why}")
     blocks = _acted_on(selection)
     before = _states(selection.model, blocks, target.optimizer)
     flipped = [p for p in params if p.requires_grad]
@@ -135,7 +151,14 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     _drop_grads(params, tx)
     modes = batchnorm.apply(selection, bn_policy, tx)
     return _effect(
-        target, selection, blocks, before, flipped, state_freed_bytes=freed, bn_modes=dict(modes)
+        target,
+        selection,
+        blocks,
+        before,
+        flipped,
+        state_freed_bytes=freed,
+        bn_modes=dict(modes),
+        notes=notes,
     )
 
 
@@ -298,6 +321,11 @@ def unfreeze(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
     flipped = [p for p in all_params if not p.requires_grad]
+    notes = [
+        f"{t.describe()}: those train too"
+        for t in _ties(target, Selection(selection.model, tuple(blocks)))
+        if not t.param.requires_grad
+    ]
     if opt is not None:
         schedulers = target.schedulers
         planned = list(zip(blocks, lrs, per_block, strict=True))
@@ -318,7 +346,7 @@ def unfreeze(
             )
             scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
     _set_requires_grad(all_params, True, tx)
-    return _effect(target, selection, acted_on, before, flipped, bn_modes=modes)
+    return _effect(target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes)
 
 
 def _head_groups(
@@ -345,6 +373,31 @@ def _head_groups(
     return joining, homeless
 
 
+# A module's hook tables: the new head adopts the old head's very dicts, so the user's
+# handles (which point at the dicts) still remove them.
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_COUNTED_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _carry_hooks(old: nn.Module, new: nn.Module) -> int:
+    """Move the user's hooks of ``old`` onto ``new`` (fresh, none of its own); how many."""
+    carried = sum(len(getattr(old, table, ())) for table in _COUNTED_HOOKS)
+    if carried:
+        for table in _HOOK_TABLES:
+            if hasattr(old, table):
+                object.__setattr__(new, table, getattr(old, table))
+        new._is_full_backward_hook = old._is_full_backward_hook
+    return carried
+
+
 def replace_head(
     target: BoundModel,
     root: nn.Module,
@@ -366,7 +419,9 @@ def replace_head(
     model_config.check_labels(target.model, found, num_classes, labels)
     located = [(h.name, h.module) for h in found]
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
-    old_params = unique_parameters([m for _, m in located])
+    tied = ties.find(target.model, [(n, m, True) for n, m in located])
+    shared = {id(t.param) for t in tied}  # the model keeps using them elsewhere
+    old_params = [p for p in unique_parameters([m for _, m in located]) if id(p) not in shared]
     new_params = unique_parameters(new_modules)
     opt = target.optimizer
     if opt is not None:
@@ -378,7 +433,11 @@ def replace_head(
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
     tx.hold([*old_params, *(b for _, m in located for b in m.buffers())])
-    for (name, _), new in zip(located, new_modules, strict=True):
+    notes = []
+    for (name, old), new in zip(located, new_modules, strict=True):
+        carried = _carry_hooks(old, new)
+        if carried:
+            notes.append(f"{name}: its {carried} hook(s) now run on the new head")
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
     synced = model_config.sync(target.model, found, num_classes, labels, tx)
@@ -390,13 +449,15 @@ def replace_head(
             index = editor.add_group(homeless, name=located[0][0], lr=base, template=opt.defaults)
             scheduler_sync.follow(target.schedulers, opt, index, head, base)
     old_shape = f"{found[0].in_features}→{found[0].out_features}"
-    notes = [
+    notes.insert(
+        0,
         f"{located[0][0]}: {type(found[0].module).__name__} {old_shape} "
-        f"replaced by {found[0].in_features}→{num_classes}"
-    ]
+        f"replaced by {found[0].in_features}→{num_classes}",
+    )
     for role in ("distillation", "auxiliary"):
         also = [h.name for h in found if h.role == role]
         if also:
             notes.append(f"{role} heads replaced too: {', '.join(also)}")
     notes.extend(synced)
+    notes += [f"{t.describe()}: the new head has its own; that one stays as it is" for t in tied]
     return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, tuple(notes))

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import TorchMagicError
 
+# ASCII only: ``str.isdigit`` and ``\d`` accept "²" and "١", which ``int`` then rejects or reads.
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _NAME_RE = re.compile(rf"^{_NAME}$")
-_INDEX_RE = re.compile(r"^-?\d+$")
-_RANGE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)?(\d+)-(\d+)$")
+_INDEX_RE = re.compile(r"^-?[0-9]+$")
+_RANGE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)?([0-9]+)-([0-9]+)$")
 _GLOB_CHARS = frozenset("*?[")
-_FLOAT_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_FLOAT_RE = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+_COUNT_RE = re.compile(r"^[+-]?[0-9]+$")
+# Longer digit runs name no module and no size: refused before ``int`` reads them (Python
+# refuses over 4300 digits; torch overflows past 2**63).
+MAX_DIGITS = 18
+# An input of more elements than this fits no device (4 TiB of float32).
+MAX_INPUT_ELEMENTS = 2**40
 
 
 @dataclass(frozen=True)
@@ -34,11 +41,15 @@ class Segment:
     def is_range(self) -> bool:
         return self.start is not None
 
-    def names(self) -> list[str]:
-        """The child names this segment stands for (a range expands to several)."""
+    def names(self) -> Iterator[str]:
+        """The child names this segment stands for (a range expands to several), lazily:
+        resolving stops at the first missing one, so ``layer1-30000000`` costs what the
+        real children do."""
         if self.start is None or self.stop is None:
-            return [self.text]
-        return [f"{self.prefix}{i}" for i in range(self.start, self.stop + 1)]
+            yield self.text
+            return
+        for i in range(self.start, self.stop + 1):
+            yield f"{self.prefix}{i}"
 
 
 @dataclass(frozen=True)
@@ -73,9 +84,20 @@ class Target:
         return self.glob is None and not self.segments
 
 
+def is_index(text: str) -> bool:
+    """``3`` or ``-1`` in ASCII digits, short enough for ``int``."""
+    return bool(_INDEX_RE.match(text)) and len(text.lstrip("-")) <= MAX_DIGITS
+
+
 def parse_segment(text: str, target: str) -> Segment:
     """Parse one dotted part; ``target`` is the whole text, for the error message."""
-    if _NAME_RE.match(text) or _INDEX_RE.match(text):
+    if _NAME_RE.match(text):
+        return Segment(text)
+    if re.search(rf"[0-9]{{{MAX_DIGITS + 1}}}", text):
+        raise TorchMagicError(
+            f"bad target '{target}': '{text}' holds a number too large to be an index"
+        )
+    if _INDEX_RE.match(text):
         return Segment(text)
     match = _RANGE_RE.match(text)
     if match:
@@ -176,19 +198,37 @@ def spread_lrs(lr: LrSpec, count: int) -> list[float | None]:
     first, last = lr
     if count == 1:
         return [last]
-    ratio = last / first
-    return [first * ratio ** (i / (count - 1)) for i in range(count)]
+    # first**(1-t) * last**t: each factor lies between 1 and its base, so no step
+    # overflows where the ratio last/first would (1e-300:1e300)
+    return [first ** (1 - i / (count - 1)) * last ** (i / (count - 1)) for i in range(count)]
+
+
+def parse_count(text: str, key: str) -> int:
+    """A whole number from a strict ASCII pattern (``10``, never ``١٠`` or ``1e3``); its
+    range is the caller's to check."""
+    text = text.strip()
+    if not _COUNT_RE.match(text):
+        raise TorchMagicError(f"{key} must be a whole number, got '{text}'", param=key)
+    if len(text.lstrip("+-")) > MAX_DIGITS:
+        raise TorchMagicError(f"{key}={text[:12]}…: too large", param=key)
+    return int(text)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``1,3,224,224`` (or ``1x3x224x224``) → (1, 3, 224, 224): digits only, never evaluated."""
-    parts = text.replace("x", ",").split(",")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    parts = [p.strip() for p in text.replace("x", ",").split(",")]
+    if not all(p.isascii() and p.isdigit() and len(p) <= MAX_DIGITS and int(p) > 0 for p in parts):
         raise TorchMagicError(
             f"input_shape={text}: expected positive integers like 1,3,224,224",
             param="input_shape",
         )
-    return tuple(int(p) for p in parts)
+    shape = tuple(int(p) for p in parts)
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise TorchMagicError(
+            f"input_shape={text}: {math.prod(shape):.3g} elements, more than any device holds",
+            param="input_shape",
+        )
+    return shape
 
 
 _BYTE_UNITS = {
@@ -203,11 +243,11 @@ _BYTE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTES = re.compile(r"^\s*([0-9]{1,18}(?:\.[0-9]{1,9})?)\s*([a-zA-Z]*)\s*$")  # ASCII digits only
 
 
 def parse_bytes(text: str, param: str = "budget") -> int:
-    """``8GiB``, ``512MB``, ``1e9``-free plain digits → bytes; never evaluated."""
+    """``8GiB``, ``512MB`` or plain digits → bytes; never evaluated."""
     match = _BYTES.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _BYTE_UNITS:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
@@ -45,6 +46,9 @@ HEAD_NAMES = frozenset({"fc", "classifier", "head", "heads", "head_dist", "last_
 AUX_HEAD_PATHS = ("aux1.fc2", "aux2.fc2", "AuxLogits.fc")
 HF_HEAD_NAMES = ("classifier", "cls_classifier", "distillation_classifier", "score")
 META_SIDES = (224, 64, 32, 28)  # spatial sizes tried for the meta forward of a conv net
+HEAD_TYPES = (nn.Linear, nn.Conv2d)
+# More classes than the largest label sets in use (extreme classification) is a typo.
+MAX_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -404,8 +408,38 @@ def locate(model: nn.Module, where: str | None) -> list[Head]:
     )
 
 
+def _free_bytes(device: torch.device) -> int | None:
+    """Memory a new tensor could take on ``device`` now; None where unknown."""
+    if device.type == "cpu":
+        return machine_memory()[0]
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return None
+
+
+def check_size(old: nn.Linear | nn.Conv2d, num_classes: int) -> None:
+    """Refuse a class count beyond :data:`MAX_CLASSES`, or whose new weight would not fit
+    in the memory free on the old head's device, before anything is allocated."""
+    if num_classes > MAX_CLASSES:
+        raise TorchMagicError(
+            f"num_classes={num_classes} is more than {MAX_CLASSES:,} classes", param="num_classes"
+        )
+    weight = old.weight
+    per_class = weight[0].numel() + (1 if getattr(old, "bias", None) is not None else 0)
+    needed = per_class * num_classes * weight.element_size()
+    free = _free_bytes(weight.device)
+    if free is not None and needed > free:
+        raise TorchMagicError(
+            f"num_classes={num_classes}: the new head needs {needed / 2**30:.1f} GiB, "
+            f"{free / 2**30:.1f} GiB is free on {weight.device}",
+            param="num_classes",
+        )
+
+
 def build_head(old: nn.Module, num_classes: int, dropout: float | None = None) -> nn.Module:
     """A fresh layer with ``old``'s input size, device, dtype, bias and mode."""
+    if isinstance(old, HEAD_TYPES):
+        check_size(old, num_classes)
     weight = old.weight
     factory = {"device": weight.device, "dtype": weight.dtype}
     if isinstance(old, nn.Linear):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..modules import parameter_names
 from ..tensors import nbytes, step_stays_on_host
+from .model_checks import check_optimizer
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
@@ -173,6 +174,7 @@ class OptimizerEditor:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, tx: Transaction, model: nn.Module) -> None:
+        check_optimizer(optimizer)
         self.optimizer = optimizer
         self._tx = tx
         self._model = model

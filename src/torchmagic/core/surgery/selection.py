@@ -6,12 +6,14 @@ import difflib
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import unwrap
-from .grammar import Segment, Target
+from . import ties
+from .grammar import Segment, Target, is_index
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ class Selection:
     def modules(self) -> list[nn.Module]:
         return [m for block in self.blocks for m in block.modules()]
 
+    @cached_property
+    def sharing(self) -> tuple[set[int], bool]:
+        """The model's modules registered twice and whether parameters are tied
+        (:func:`ties.shared_modules`), walked once per command."""
+        return ties.shared_modules(self.model)
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(b.name or "(whole model)" for b in self.blocks)
@@ -59,7 +67,7 @@ class Selection:
 
 def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
     children = module._modules
-    if name.startswith("-") and name[1:].isdigit() and -len(children) <= int(name):
+    if name.startswith("-") and is_index(name) and -len(children) <= int(name):
         name = list(children)[int(name)]  # `classifier.-1`: the last child
     child = children.get(name)
     if child is None:

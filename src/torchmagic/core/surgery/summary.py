@@ -44,6 +44,7 @@ def summarize(
     """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``.
     ``schedulers``: those bound to ``optimizer``, to tell each group's base lr."""
     named = list(model.named_modules())
+    depth = min(depth, max(n.count(".") + 1 for n, _ in named))  # deeper shows nothing more
     while depth > 0 and sum(1 for n, _ in named if not n or n.count(".") < depth) > max_rows:
         depth -= 1
     keep = {n for n, _ in named if not n or n.count(".") < depth}

@@ -1,0 +1,72 @@
+"""Models and optimizers surgery cannot edit safely, refused before anything changes, each
+with one line that names the fix.
+
+- Lazy modules (``nn.LazyLinear`` …) before their first forward: their parameters have
+  no shape yet, so nothing can be counted, frozen into a group or replaced.
+- TorchScript modules (``torch.jit.script``): their submodules and attributes are
+  compiled, not the Python objects surgery swaps.
+- Optimizers that cache a flat view of their parameters: ``torch.optim.LBFGS`` (one
+  group whose list it keeps as ``_params``, sizes in ``_numel_cache``) and
+  ``ZeroRedundancyOptimizer`` (per-rank partitions of the groups) would go on stepping
+  the parameters they held when built.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import is_lazy
+
+from ..errors import TorchMagicError
+from ..modules import walk
+
+# Optimizer classes (by name, so that optional packages need not be imported) that keep
+# their own view of the groups' members, which an in-place group edit would not reach.
+CACHED_VIEW_OPTIMIZERS = {
+    "LBFGS": "keeps one flat view of its single param group (_params, _numel_cache)",
+    "ZeroRedundancyOptimizer": "partitions its param groups across ranks once",
+}
+
+
+def lazy_modules(model: nn.Module) -> list[str]:
+    """Qualified names of the modules whose parameters or buffers are still lazy."""
+    if not any(isinstance(m, LazyModuleMixin) for m in walk(model)):  # the cheap common case
+        return []
+    return [
+        f"{name or 'the model'}: {type(module).__name__}"
+        for name, module in model.named_modules()
+        if any(is_lazy(t) for t in (*module._parameters.values(), *module._buffers.values()))
+    ]
+
+
+def check_readable(model: nn.Module, model_name: str) -> None:
+    """Refuse a model whose parameters cannot be counted yet (lazy modules)."""
+    lazy = lazy_modules(model)
+    if lazy:
+        shown = ", ".join(lazy[:4]) + (", …" if len(lazy) > 4 else "")
+        raise TorchMagicError(
+            f"'{model_name}' has lazy modules not initialised yet ({shown}): run one batch "
+            f"through it first, e.g. {model_name}(inputs)"
+        )
+
+
+def check_editable(model: nn.Module, model_name: str) -> None:
+    """Refuse a model surgery cannot edit: TorchScript, or not readable."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TorchMagicError(
+            f"'{model_name}' is a TorchScript module (torch.jit.script): edit the Python "
+            "model, then script it again"
+        )
+    check_readable(model, model_name)
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse to change the param groups of an optimizer that caches a view of them."""
+    for cls in type(optimizer).__mro__:
+        reason = CACHED_VIEW_OPTIMIZERS.get(cls.__name__)
+        if reason is not None:
+            raise TorchMagicError(
+                f"{type(optimizer).__name__} {reason}: torchmagic cannot change which "
+                "parameters it trains; do the surgery first, then create the optimizer"
+            )

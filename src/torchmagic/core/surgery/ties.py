@@ -1,0 +1,94 @@
+"""Tied parameters: one tensor reached under several names (a language model's decoder
+sharing the embedding's weight, a module registered at two places).
+
+``requires_grad`` and optimizer membership belong to the tensor, not to a name, so an
+edit of one user changes every other. The rule: a shared tensor keeps training, and
+stays in the optimizer, while any user outside the edited modules trains; the output
+names the tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A parameter of the edited modules that other modules use too."""
+
+    param: nn.Parameter
+    inside: tuple[str, ...]  # its names among the edited modules
+    outside: tuple[str, ...]  # its names elsewhere in the model
+
+    @property
+    def other_modules(self) -> str:
+        """The other users by module name: ``embed`` for ``embed.weight``."""
+        return ", ".join(dict.fromkeys(n.rpartition(".")[0] or n for n in self.outside))
+
+    def describe(self) -> str:
+        return f"{self.inside[0]} is tied to {', '.join(self.outside)}"
+
+
+def _names(model: nn.Module) -> dict[int, tuple[nn.Parameter, list[str]]]:
+    """Every qualified name of each parameter, by identity (a tied one has several)."""
+    names: dict[int, tuple[nn.Parameter, list[str]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), (p, []))[1].append(name)
+    return names
+
+
+def inside_names(blocks: Iterable[tuple[str, nn.Module, bool]]) -> set[str]:
+    """The qualified parameter names under (name, module, recurse) blocks, every name of
+    a tied parameter included."""
+    return {
+        n
+        for name, module, recurse in blocks
+        for n, _ in module.named_parameters(prefix=name, recurse=recurse, remove_duplicate=False)
+    }
+
+
+def shared_modules(model: nn.Module) -> tuple[set[int], bool]:
+    """Ids of the modules registered at more than one place, and whether any parameter
+    is held by more than one module: one cheap walk, so models without ties (nearly
+    all) skip the naming below."""
+    seen: set[int] = set()
+    again: set[int] = set()
+    params: set[int] = set()
+    held = 0
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            again.add(id(module))
+            continue
+        seen.add(id(module))
+        if module._parameters:
+            mine = [id(p) for p in module._parameters.values() if p is not None]
+            held += len(mine)
+            params.update(mine)
+        stack.extend(m for m in module._modules.values() if m is not None)
+    return again, held > len(params)
+
+
+def find(
+    model: nn.Module,
+    blocks: Iterable[tuple[str, nn.Module, bool]],
+    sharing: tuple[set[int], bool] | None = None,
+) -> list[Tie]:
+    """Parameters of the edited (name, module, recurse) ``blocks`` that also have a name
+    outside them: a module that is not being edited uses them too. ``sharing``: the
+    model's :func:`shared_modules`, when already known."""
+    again, tied = sharing or shared_modules(model)
+    if not again and not tied:
+        return []
+    inside = inside_names(blocks)
+    found = []
+    for p, names in _names(model).values():
+        mine = tuple(n for n in names if n in inside)
+        others = tuple(n for n in names if n not in inside)
+        if mine and others:
+            found.append(Tie(p, mine, others))
+    return found
