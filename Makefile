@@ -19,7 +19,7 @@ TORCH_INDEX ?=
 
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check
+.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check fuzz
 
 venv: $(VENV_STAMP)
 
@@ -78,3 +78,9 @@ ui-check: $(VENV_STAMP)
 	$(PYTHON) -c "import jupyterlab, playwright" 2>/dev/null || .venv/bin/pip install -q 'jupyterlab>=4' 'playwright>=1.40'
 	test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 	$(PYTHON) tools/ui_check.py $(UI_CHECK_ARGS)
+
+# The magics fuzzer at length (the suite runs a few hundred examples): every line is one
+# UsageError or a success, and a refusal changes nothing.
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(VENV_STAMP)
+	TORCHMAGIC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTHON) -m pytest -q tests/test_fuzz.py
