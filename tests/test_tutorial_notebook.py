@@ -23,19 +23,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "gpu_and_transfer_learning.ipynb"
 
-# Every pitfall of issue 14 and the doctor checks that name it: measure first (data-wait),
-# unregistered tensors (device), BatchNorm drift, the optimizer not seeing unfrozen
-# parameters, and weights / transforms / labels that must match.
-PITFALL_CHECKS = {
-    "data-wait",
-    "device",
-    "bn-drift",
-    "unoptimized",
+# The doctor checks that name issue 14's pitfalls, in the notebook's order: weights,
+# transforms and labels that must match; unregistered tensors; BatchNorm drift; measure
+# first (the loader sets the pace); the optimizer not seeing unfrozen parameters.
+PITFALL_CHECKS = (
     "labels",
     "classes",
     "normalization",
     "resolution",
-}
+    "device",
+    "bn-drift",
+    "data-wait",
+    "unoptimized",
+)
 # A finding's first row in the doctor's table: "warning │ bn-drift │ where │ problem".
 FINDING_ROW = re.compile(r"^(?:error|warning|info)\s+│\s+([a-z-]+)\s+│", re.M)
 
@@ -102,7 +102,7 @@ def test_tutorial_catches_each_pitfall(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert guarded and all(c.outputs for c in guarded)
 
     shows, silent = _tagged(cells, "shows"), _tagged(cells, "silent")
-    assert set(shows) == set(silent) == PITFALL_CHECKS
+    assert set(shows) == set(silent) == set(PITFALL_CHECKS)
     for check in PITFALL_CHECKS:
         for i in shows[check]:
             assert check in _checks_found(cells[i]), (check, _plain(cells[i]))
