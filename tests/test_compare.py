@@ -189,3 +189,18 @@ def test_rendered_verdict():
     bundle = device_compare(report)._repr_mimebundle_()
     assert "cuda:0 is 3.0x faster than cpu" in bundle["text/plain"]
     assert "CPU only" not in bundle["text/plain"] and "<pre" in bundle["text/html"]
+
+
+def test_labels_beyond_the_head_are_one_clear_refusal() -> None:
+    from torch import nn
+
+    from torchmagic import TorchMagicError
+    from torchmagic.core.devices.compare import compare
+
+    model = nn.Sequential(nn.Linear(4, 3))
+    batch = (torch.randn(8, 4), torch.full((8,), 7))  # class 7 of a 3-output head
+    before = [t.clone() for t in model.state_dict().values()]
+    with pytest.raises(TorchMagicError, match="labels beyond the head") as refused:
+        compare(model, batch, steps=1, warmup=0, devices=["cpu"])
+    assert refused.value.param == "loader"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values(), strict=True))

@@ -238,6 +238,12 @@ def _time_on(
                 totals.append((time.perf_counter() - start) * 1e3)
     except torch.OutOfMemoryError:
         return DeviceTiming(str(device), skipped="ran out of memory during the step")
+    except (IndexError, RuntimeError, ValueError) as error:  # the batch does not fit the model
+        raise TorchMagicError(
+            f"a training step on one batch fails on {device}: {str(error).splitlines()[0]} "
+            "(labels beyond the head's outputs? doctor() checks labels against the head)",
+            param="loader",
+        ) from None
     finally:
         del replica, fresh
         if device.type == "cuda":
