@@ -5,7 +5,7 @@ output, names resolved in the kernel's namespace, and a plain training loop afte
 
 The notebook caches its pretrained weights in ``build/weights`` of the repository (the
 file name encodes the pretraining settings), shared with ``make demo``, so only the first
-run pays for pretraining (about a minute on two CPU cores). TORCH_HOME points into a tmp
+run pays for pretraining (about half a minute of CPU time). TORCH_HOME points into a tmp
 dir so that nothing can be downloaded to the user's cache.
 
 Cells have no time limit (a loaded machine is slow, not broken); the whole notebook test
