@@ -33,7 +33,7 @@ $(VENV_STAMP): pyproject.toml | $(PYTHON)
 	touch $@
 
 # The quickstart in a real kernel, echoed cell by cell (a couple of minutes on two cores;
-# the first run adds about a minute of pretraining, cached in build/weights).
+# the first run adds about half a minute of pretraining, cached in build/weights).
 demo: $(VENV_STAMP)
 	$(PYTHON) tools/run_notebook.py examples/quickstart.ipynb --out build/quickstart.ipynb
 

@@ -5,10 +5,10 @@ Not a test. Run from the repository root::
 
     .venv/bin/python bench/recipes.py [--epochs 6] [--k 10] [--seeds 0 1 2] [--cache build/weights]
 
-Task (``examples/digits.py``): a small-input ResNet-18 pretrained on digits 0-4 (cached
-under ``--cache``; trained once, < 1 min, when absent), a new 5-class head, K labelled
-examples of each digit 5-9 for training, accuracy measured on ``--test-size`` of the other
-digit 5-9 images (a fixed random subset: evaluating all ~850 costs more than training). Each
+Task (``examples/digits.py``, the quickstart's): a small ResNet pretrained on upright
+digits (cached under ``--cache``; trained once, about half a minute, when absent), a new
+10-class head, K labelled examples of each digit turned upside down for training, accuracy
+measured on ``--test-size`` held-out upside-down images (a fixed random subset). Each
 seed changes the K-shot sample, the head's initialisation and the batch order. Every
 recipe trains ``--epochs`` epochs in total with AdamW (weight decay 1e-4, head lr 3e-3),
 batch 25, BatchNorm of frozen blocks held in eval (the default policy):
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from digits import accuracy, load_digits_splits, make_loader, pretrained_resnet18  # noqa: E402
+from digits import accuracy, load_digits_splits, make_loader, pretrained_small_resnet  # noqa: E402
 
 from torchmagic import Session  # noqa: E402
 
@@ -47,12 +47,12 @@ BATCH = 25
 
 
 def _session(cache: Path, seed: int, k: int, test_size: int):
-    data = load_digits_splits(k=k, seed=seed)
+    data = load_digits_splits(labels_per_class=k, seed=seed)
     pick = torch.randperm(len(data.test), generator=torch.Generator().manual_seed(0))
     test_set = torch.utils.data.Subset(data.test, pick[:test_size].tolist())
-    model = pretrained_resnet18(cache, verbose=False)
+    model = pretrained_small_resnet(cache, verbose=False)
     torch.manual_seed(seed)
-    model.fc = torch.nn.Linear(model.fc.in_features, 5)
+    model.fc = torch.nn.Linear(model.fc.in_features, 10)
     optimizer = torch.optim.AdamW(model.parameters(), lr=HEAD_LR, weight_decay=1e-4)
     tm = Session(model, optimizer)
     train = make_loader(data.train, batch_size=BATCH, seed=seed)

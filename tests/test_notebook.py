@@ -98,8 +98,10 @@ def test_quickstart_runs_and_transfer_wins_with_few_labels(isolated_env: Path) -
 
     table = _curve_table(cells)
     assert set(table) == {"1", "2", "5", "10", "all"}, table
-    scratch, probe, finetuned = table["1"]
-    assert finetuned > scratch, f"fine-tuned behind from scratch at 1 label per digit: {table}"
+    for few in ("1", "2"):  # measured 13-16 points ahead here, on AVX2 and AVX-512 kernels
+        scratch, _probe, finetuned = table[few]
+        assert finetuned >= scratch + 5, f"fine-tuned not clearly ahead at {few} per digit: {table}"
+    assert all(row[2] > row[0] for row in table.values()), f"fine-tuned behind somewhere: {table}"
     for row in table.values():
         assert all(10.0 < mean <= 100.0 for mean in row)  # ten classes: chance is 10 %
     assert any("<svg" in o.get("data", {}).get("text/html", "") for c in cells for o in c.outputs)
