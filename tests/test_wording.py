@@ -126,3 +126,37 @@ def test_parameterless_modules_are_not_listed_as_frozen():
     carved = Session(model).freeze(exclude=["3"])
     assert carved.effect.modules == ("",) and carved.effect.excluded == ("3",)
     assert carved.effect.already == ("4",)
+
+
+def test_freeze_after_freezing_by_hand_says_what_it_took_out_of_the_optimizer(resnet):
+    """requires_grad=False by hand leaves the parameters in the optimizer; a freeze that
+    only fixes that flips nothing, so its count alone ("0 params") would hide the change."""
+    opt = torch.optim.SGD(resnet.parameters(), lr=0.1)
+    by_hand = [p for n, p in resnet.named_parameters() if not n.startswith("fc")]
+    for p in by_hand:
+        p.requires_grad_(False)
+    change = Session(resnet, opt).freeze(exclude=["fc"])
+    assert change.effect.params == 0
+    assert change.effect.resynced == sum(p.numel() for p in by_hand)
+    assert [len(g["params"]) for g in opt.param_groups] == [2]
+    shown = str(render.change(change, 100))
+    assert shown.splitlines()[0] == "everything except fc already frozen in `model`"
+    assert "11.2M params frozen by hand (requires_grad=False) were still in `optimizer`" in shown
+
+
+def test_unfreeze_of_a_head_swapped_by_hand_says_it_joined_the_optimizer(resnet):
+    opt = torch.optim.SGD(resnet.parameters(), lr=0.1)
+    resnet.fc = nn.Linear(512, 3)  # by hand: trainable, in no group
+    change = Session(resnet, opt).unfreeze("fc")
+    assert change.effect.params == 0 and change.effect.resynced == 512 * 3 + 3
+    assert any(p is resnet.fc.weight for g in opt.param_groups for p in g["params"])
+    shown = str(render.change(change, 100))
+    assert shown.splitlines()[0] == "fc already trainable in `model`"
+    assert "1.54k params trainable by hand were in no group of `optimizer`: added" in shown
+
+
+def test_an_ordinary_freeze_reports_no_resync(resnet):
+    opt = torch.optim.SGD(resnet.parameters(), lr=0.1)
+    change = Session(resnet, opt).freeze("layer1")
+    assert change.effect.resynced == 0
+    assert "by hand" not in str(render.change(change, 100))

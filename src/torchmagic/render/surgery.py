@@ -108,6 +108,11 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
 _VERBS = {"freeze": "froze", "unfreeze": "unfroze", "replace_head": "replaced head"}
 # What a block the command left as it was already is: "already frozen".
 _ALREADY = {"freeze": "frozen", "unfreeze": "trainable"}
+# Parameters whose requires_grad was already right, set by hand, but whose optimizer was not.
+_RESYNCED = {
+    "freeze": "{} params frozen by hand (requires_grad=False) were still in `{}`: taken out",
+    "unfreeze": "{} params trainable by hand were in no group of `{}`: added",
+}
 _NO_OPTIMIZER = {
     "replace_head": "no optimizer holds this model's parameters: create one for the new head",
 }
@@ -129,18 +134,22 @@ def _title(change: Change) -> Text:
         title.append(f"  ({human(effect.params)} params) in `{change.model_name}`")
         return title
     changed = [m for m in effect.modules if m not in effect.already]
+    flipped_none = effect.params == 0 and effect.resynced  # only optimizer membership changed
+    if change.action in _ALREADY and (flipped_none or not (changed or effect.excluded)):
+        # e.g. an unfreeze with lr= of blocks that trained already: only groups changed
+        title.append(_scope(effect.modules), style=theme.style("accent", bold=True))
+        if effect.excluded:
+            title.append(f" except {_names(effect.excluded)}", style="bold")
+        title.append(f" already {_ALREADY[change.action]}", style="bold")
+        return title.append(f" in `{change.model_name}`")
     if effect.excluded:
         title.append(f"{_VERBS.get(change.action, change.action)} ", style="bold")
         title.append(_scope(effect.modules), style=theme.style("accent", bold=True))
         title.append(" except ", style="bold")
         title.append(_names(effect.excluded), style=theme.style("accent", bold=True))
-    elif changed or change.action not in _ALREADY:
+    else:
         title.append(f"{_VERBS.get(change.action, change.action)} ", style="bold")
         title.append(_names(changed or effect.modules), style=theme.style("accent", bold=True))
-    else:  # e.g. an unfreeze with lr= of blocks that trained already: only groups changed
-        title.append(_names(effect.modules), style=theme.style("accent", bold=True))
-        title.append(f" already {_ALREADY[change.action]}", style="bold")
-        return title.append(f" in `{change.model_name}`")
     title.append(f"  ({human(effect.params)} params) in `{change.model_name}`")
     return title
 
@@ -178,6 +187,10 @@ def change(change: Change, width: int | None = None) -> Rendered:
                 f"optimizer state moved off the accelerator: "
                 f"{human_bytes(effect.state_freed_bytes)}"
             )
+        )
+    if effect.resynced and change.action in _RESYNCED:
+        parts.append(
+            Text(_RESYNCED[change.action].format(human(effect.resynced), change.optimizer_name))
         )
     bn = _bn_text(effect.bn_modes)
     if bn is not None:

@@ -103,6 +103,7 @@ def _effect(
     state_freed_bytes: int = 0,
     bn_modes: Mapping[str, int] | None = None,
     notes: Sequence[str] = (),
+    resynced: Sequence[nn.Parameter] = (),
 ) -> Effect:
     """The Effect of a freeze or unfreeze: the blocks, which of them were already as the
     command leaves them (their state in ``before`` is unchanged), the parameters whose
@@ -120,6 +121,7 @@ def _effect(
         tuple(notes),
         already=already,
         excluded=selection.excluded,
+        resynced=_numel(resynced),
     )
 
 
@@ -144,6 +146,8 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     blocks = _acted_on(selection)
     before = _states(selection.model, blocks, target.optimizer)
     flipped = [p for p in params if p.requires_grad]
+    held = group_index(target.optimizer) if target.optimizer is not None else {}
+    resynced = [p for p in params if not p.requires_grad and id(p) in held]
     freed = 0
     if target.optimizer is not None:
         freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
@@ -159,6 +163,7 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         state_freed_bytes=freed,
         bn_modes=dict(modes),
         notes=notes,
+        resynced=resynced,
     )
 
 
@@ -321,6 +326,8 @@ def unfreeze(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
     flipped = [p for p in all_params if not p.requires_grad]
+    held = group_index(opt) if opt is not None else {}
+    resynced = [p for p in all_params if p.requires_grad and opt is not None and id(p) not in held]
     notes = [
         f"{t.describe()}: those train too"
         for t in _ties(target, Selection(selection.model, tuple(blocks)))
@@ -346,7 +353,9 @@ def unfreeze(
             )
             scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
     _set_requires_grad(all_params, True, tx)
-    return _effect(target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes)
+    return _effect(
+        target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes, resynced=resynced
+    )
 
 
 def _head_groups(

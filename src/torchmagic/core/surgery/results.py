@@ -50,7 +50,9 @@ class Effect:
     ``modules``: the blocks acted on (those with parameters or BatchNorm), or, when
     ``excluded`` is not empty, what the targets named ("" for the whole model) before the
     exclusions were carved out. ``params``: how many parameters changed trainability.
-    ``already``: blocks that were already as the command leaves them."""
+    ``already``: blocks that were already as the command leaves them. ``resynced``:
+    parameters whose trainability was already right (set by hand) but whose optimizer
+    membership was not, so the command took them out of it (freeze) or put them in (unfreeze)."""
 
     modules: tuple[str, ...]
     params: int
@@ -59,6 +61,7 @@ class Effect:
     notes: tuple[str, ...] = ()
     already: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
+    resynced: int = 0
 
 
 @dataclass(frozen=True)
