@@ -65,6 +65,7 @@ def test_load_model_binds_weights_preprocess_categories_and_replaces_the_head(ip
     assert "random weights" in text
     session = torchmagic.notebook_session()
     assert [e.action for e in session.history()] == ["replace_head"]
+    assert "%replace_head model 7" in shown(ip, "%tm history")  # the magic, not a Python call
     session.undo()
     assert model.fc.out_features == 1000
     with pytest.raises(UsageError, match="no_such_net"):

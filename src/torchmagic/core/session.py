@@ -477,12 +477,15 @@ class Session:
         *,
         num_classes: int | None = None,
         bind: str = "model",
+        head_command: str | None = None,
     ) -> tuple[LoadedModel, Change | None]:
         """Build ``name`` (``resnet18``, ``timm:convnext_atto``, ``hf:vit``) with the modern
         ``weights=`` API and bind ``bind`` (the model), ``weights``, ``preprocess`` and
         ``categories`` in the namespace, so transforms and labels match the weights; with
         ``num_classes`` the head is replaced next, as an undoable history entry. Nothing is
-        bound when the build fails (offline without cached weights: one error line)."""
+        bound when the build fails (offline without cached weights: one error line).
+        ``head_command``: how history shows the head replacement (a magic passes its own
+        spelling)."""
         loaded = build_model(name, weights)
         namespace = self.workspace.namespace
         namespace[bind] = loaded.model
@@ -493,7 +496,7 @@ class Session:
         self.workspace.current = bind
         if num_classes is None:
             return loaded, None
-        return loaded, self.replace_head(bind, num_classes)
+        return loaded, self.replace_head(bind, num_classes, command=head_command)
 
     def use(self, name: str) -> str:
         """Make ``name`` the current model for commands that do not name one."""

@@ -45,7 +45,11 @@ class ModelMagics(TopicMagics):
         weights = None if args.weights.lower() == "none" else args.weights
         with self.refusals(self.load_model):
             loaded, change = self.session.load_model(
-                args.name, weights, num_classes=args.num_classes, bind=args.bind
+                args.name,
+                weights,
+                num_classes=args.num_classes,
+                bind=args.bind,
+                head_command=f"%replace_head {args.bind} {args.num_classes}",
             )
         self.show(render.render(loaded, self.width))
         if change is not None:
