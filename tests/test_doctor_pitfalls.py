@@ -184,6 +184,17 @@ def test_resolution_far_from_the_crop_size():
     assert diagnose(ns, weights={"model": TINY_WEIGHTS}).findings == ()
 
 
+def test_a_loader_with_its_own_batch_sampler_is_read_as_a_batch():
+    """batch_sampler= leaves the loader's batch_size None, yet it collates: the peek must
+    see a batch of images (N × C × H × W), not one sample."""
+    ns = trained(Net(10))
+    images = Images(range(4), size=64)
+    sampler = torch.utils.data.BatchSampler(range(4), batch_size=4, drop_last=False)
+    ns["loader"] = DataLoader(images, batch_sampler=sampler)
+    (finding,) = found(diagnose(ns, weights={"model": TINY_WEIGHTS}), "resolution")
+    assert "64×64 images" in finding.message
+
+
 def test_weights_only_apply_to_models_of_their_architecture():
     ns = {**trained(Net(10)), "weights": ResNet18_Weights.DEFAULT, "other": Net(10)}
     ns["loader"] = DataLoader(Images(range(2), transform=transforms.Normalize(0.5, 0.5)))

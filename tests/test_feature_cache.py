@@ -2,7 +2,7 @@ import pytest
 import torch
 import torchvision
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, TensorDataset
 from torchvision import transforms
 
 from torchmagic import Session, TorchMagicError
@@ -22,19 +22,25 @@ def probe_setup(bn="eval", model=None, head="fc"):
     return model, opt, tm
 
 
-def run(cache: bool):
+def run(cache: bool, own_batch_sampler: bool = False):
     model, opt, tm = probe_setup()
     x, y = data()
-    train = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    dataset = TensorDataset(x, y)
+    if own_batch_sampler:  # the loader's batch_size is None, yet it collates
+        sampler = BatchSampler(RandomSampler(dataset), batch_size=16, drop_last=False)
+        train = DataLoader(dataset, batch_sampler=sampler)
+    else:
+        train = DataLoader(dataset, batch_size=16, shuffle=True)
     val = DataLoader(TensorDataset(*data(32, seed=1)), batch_size=16, shuffle=True)
     torch.manual_seed(7)
     history = tm.fit(train, val=val, epochs=3, cache_features=cache)
     return model.fc.weight.detach().clone(), history
 
 
-def test_cached_run_matches_the_uncached_one():
-    w_plain, h_plain = run(cache=False)
-    w_cached, h_cached = run(cache=True)
+@pytest.mark.parametrize("own_batch_sampler", [False, True])
+def test_cached_run_matches_the_uncached_one(own_batch_sampler):
+    w_plain, h_plain = run(cache=False, own_batch_sampler=own_batch_sampler)
+    w_cached, h_cached = run(cache=True, own_batch_sampler=own_batch_sampler)
     assert h_cached.cached_features and not h_plain.cached_features
     assert torch.allclose(w_plain, w_cached, atol=1e-5)
     for a, b in zip(h_plain.epochs, h_cached.epochs, strict=True):

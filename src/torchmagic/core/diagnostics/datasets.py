@@ -100,7 +100,7 @@ def _floats(value: Any) -> tuple[float, ...]:
 
 
 def peek(loader: object) -> Any | None:
-    """A batch of a map-style DataLoader (its first ``batch_size`` samples, collated as
+    """A batch of a map-style DataLoader (its first batch-size samples, collated as
     its workers would), fetched in this process with the random state restored; None for
     anything that cannot be read without consuming it."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
@@ -112,7 +112,8 @@ def peek(loader: object) -> Any | None:
         return None
     if not size:
         return None
-    indices = list(range(min(loader.batch_size or 1, size)))
+    per_batch = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    indices = list(range(min(per_batch, size)))
     with preserved_rng([loader.generator]):
         try:
             return load_batch(loader, indices)

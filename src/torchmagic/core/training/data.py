@@ -120,12 +120,18 @@ def next_epoch_indices(loader: DataLoader) -> list[list[int]]:
     sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     sampler_iter = iter(sampler)
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-    if loader.batch_size is None:  # auto-collation off: one index per batch
+    if not collates(loader):  # one index per batch
         return [[i] for i in sampler_iter]
     return [list(batch) for batch in sampler_iter]
+
+
+def collates(loader: DataLoader) -> bool:
+    """Whether the loader draws index lists and collates them: with ``batch_size`` or a
+    ``batch_sampler`` of its own (then ``batch_size`` is None), not with ``batch_size=None``."""
+    return loader.batch_sampler is not None
 
 
 def load_batch(loader: DataLoader, indices: list[int]) -> Any:
     """One batch fetched in this process, as the loader's workers would collate it."""
     samples = [loader.dataset[i] for i in indices]
-    return loader.collate_fn(samples) if loader.batch_size is not None else samples[0]
+    return loader.collate_fn(samples) if collates(loader) else samples[0]
