@@ -202,7 +202,7 @@ class TopicMagics(Magics):
         except KeyboardInterrupt:
             if self._history_marks() != before:
                 self.show(
-                    render.message(
+                    render.render(
                         f"interrupted after {command} was applied: %tm history lists it, "
                         "%tm undo reverts it",
                         self.width,

@@ -11,8 +11,6 @@ from .. import render
 from ..core import TorchMagicError
 from ..core.devices.memory import CellWatcher
 from ..core.surgery.grammar import parse_bytes, parse_shape
-from ..render import compare as compare_render
-from ..render import device as device_render
 from ..render import memory as memory_render
 from .base import OPT, Subcommand, TopicMagics, parse, subcommands
 
@@ -31,39 +29,39 @@ class DeviceMagics(TopicMagics):
     # -- subcommands: one Session call each, rendered (the tables below list them) ---
 
     def _devices(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return device_render.devices(self.session.devices(), self.width)
+        return render.render(self.session.devices(), self.width)
 
     def _set_device(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return device_render.devices(self.session.set_device(words[0]), self.width)
+        return render.render(self.session.set_device(words[0]), self.width)
 
     def _move(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return device_render.moved(self.session.move(*words), self.width)
+        return render.render(self.session.move(*words), self.width)
 
     def _check(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return device_render.misplaced(self.session.check(*words), self.width)
+        return render.render(self.session.check(*words), self.width)
 
     def _pinbench(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return device_render.pin_report(self.session.pinbench(words[0]), self.width)
+        return render.render(self.session.pinbench(words[0]), self.width)
 
     def _compare(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         model, loader = words if len(words) == 2 else [None, *words]
         report = self.session.compare_devices(
             loader, model=model, optimizer=args.optimizer, loss=args.loss, steps=args.steps
         )
-        return compare_render.device_compare(report, self.width)
+        return render.render(report, self.width)
 
     def _memory(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return memory_render.memory(self.session.memory(), self.width)
+        return render.render(self.session.memory(), self.width)
 
     def _reset(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return memory_render.reset(self.session.reset_peaks(args.tracebacks), self.width)
+        return render.render(self.session.reset_peaks(args.tracebacks), self.width)
 
     def _estimate(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         shape = parse_shape(args.input_shape) if args.input_shape else None
         report = self.session.estimate(
             *words, optimizer_class=args.optimizer_class, input_shape=shape
         )
-        return memory_render.estimate(report, self.width)
+        return render.render(report, self.width)
 
     def _batch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         if not args.input_shape:
@@ -82,7 +80,7 @@ class DeviceMagics(TopicMagics):
         if words[0] not in ("on", "off"):
             raise TorchMagicError(f"watch takes on or off, got '{words[0]}'", param="words")
         self._watch(words[0] == "on")
-        return render.message(f"memory watch {words[0]}", self.width)
+        return render.render(f"memory watch {words[0]}", self.width)
 
     @magic_arguments()
     @argument(

@@ -8,8 +8,8 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import render
+from ..core.surgery.results import CommandHistory
 from ..manifest import load_manifest
-from ..render import doctor as doctor_render
 from ..render.base import human_bytes
 from .base import Subcommand, TopicMagics, parse, subcommands
 
@@ -22,30 +22,30 @@ class SessionMagics(TopicMagics):
 
     def _history(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         session = self.session
-        return render.history(session.history(), self.width, session.undone())
+        return render.render(CommandHistory(session.history(), session.undone()), self.width)
 
     def _undo(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.change(self.session.undo(), self.width)
+        return render.render(self.session.undo(), self.width)
 
     def _clear(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         cleared = self.session.clear_history()
-        return render.message(
+        return render.render(
             f"history cleared: {cleared.commands} command(s) forgotten, "
             f"{human_bytes(cleared.nbytes)} released; nothing can be undone now",
             self.width,
         )
 
     def _use(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.message(f"current model: {self.session.use(words[0])}", self.width)
+        return render.render(f"current model: {self.session.use(words[0])}", self.width)
 
     def _fits(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.fits(self.session.fits, self.width)
+        return render.render(render.FitRuns(tuple(self.session.fits)), self.width)
 
     def _doctor(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return doctor_render.doctor(self.session.doctor(), self.width)
+        return render.render(self.session.doctor(), self.width)
 
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.manifest_help(load_manifest(), self.width)
+        return render.render(render.ManifestHelp(load_manifest()), self.width)
 
     @magic_arguments()
     @argument(

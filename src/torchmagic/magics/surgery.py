@@ -91,7 +91,7 @@ class SurgeryMagics(TopicMagics):
                     dry_run=args.dry_run,
                     command=f"%freeze {line.strip()}",
                 )
-            self.show(render.change(result, self.width))
+            self.show(render.render(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -122,7 +122,7 @@ class SurgeryMagics(TopicMagics):
                     dry_run=args.dry_run,
                     command=f"%unfreeze {line.strip()}",
                 )
-            self.show(render.change(result, self.width))
+            self.show(render.render(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -170,7 +170,7 @@ class SurgeryMagics(TopicMagics):
                     dry_run=args.dry_run,
                     command=f"%replace_head {line.strip()}",
                 )
-            self.show(render.change(result, self.width))
+            self.show(render.render(result, self.width))
 
     @magic_arguments()
     @argument(
@@ -194,4 +194,4 @@ class SurgeryMagics(TopicMagics):
         args = parse(self.summary, line)
         with self.refusals(self.summary):
             report = self.session.summary(args.where, depth=args.depth)
-        self.show(render.summary(report, self.width))
+        self.show(render.render(report, self.width))

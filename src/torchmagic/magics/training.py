@@ -40,13 +40,13 @@ class TrainingMagics(TopicMagics):
     # -- subcommands: one Session call each, rendered (the table below lists them) ----
 
     def _amp_status(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_status(), self.width)
+        return render.render(self.session.amp_status(), self.width)
 
     def _amp_on(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_on(*words), self.width)
+        return render.render(self.session.amp_on(*words), self.width)
 
     def _amp_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.amp_status(self.session.amp_off(), self.width)
+        return render.render(self.session.amp_off(), self.width)
 
     @magic_arguments()
     @argument(
@@ -194,7 +194,7 @@ class TrainingMagics(TopicMagics):
                 early_stop=args.early_stop,
                 keep_best=args.keep_best,
             )
-        return render.fit_history(history, self.width)
+        return render.render(history, self.width)
 
     @magic_arguments()
     @MODEL_AND_TRAIN
