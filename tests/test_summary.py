@@ -4,7 +4,7 @@ import torchvision
 from torch import nn
 from torch.optim import lr_scheduler
 
-from torchmagic import Session
+from torchmagic import Session, render
 from torchmagic.core.surgery.counting import describe_groups
 
 
@@ -112,3 +112,38 @@ def test_session_reports_the_bound_schedulers(trained):
     assert summary_group.base_lr == 1e-3 and summary_group.weight_decay == 0.05
     undone = tm.undo()
     assert undone.groups[0].schedulers == ("CosineAnnealingWarmRestarts",)
+
+
+def _bert_with_timm_groups():
+    """A Hugging Face model with timm's decay / no-decay groups and one unfrozen block at
+    its own lr: long type names, long group names, modules in four groups."""
+    transformers = pytest.importorskip("transformers")
+    timm_optim = pytest.importorskip("timm.optim")
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128
+    )
+    model = transformers.BertForSequenceClassification(config)
+    opt = timm_optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    tm = Session(model, opt)
+    tm.freeze("bert.embeddings")
+    tm.unfreeze("bert.embeddings", lr=1e-4)
+    return tm
+
+
+def test_rendered_summary_never_breaks_a_name():
+    tm = _bert_with_timm_groups()
+    report = tm.summary(depth=3)
+    text = str(render.render(report, 100))
+    table_lines = text.split("\ntotal ")[0].splitlines()[3:]  # the rows under the header
+    names = [line.split("│")[0].strip() for line in table_lines]
+    expected = [r.name.rsplit(".", 1)[-1] for r in report.rows]
+    assert [n for n in names if n] == expected  # every name on one line, none split
+    assert "BertForSequenceClassification" in text and "BatchNorm" not in text.splitlines()[1]
+    assert "│ 4 groups" in text  # the root spans four groups: counted, not listed
+    assert max(len(line) for line in table_lines) > 100  # drawn wider: the HTML scrolls
+    assert all(len(line) <= 100 for line in text.splitlines() if line.startswith("total "))
+
+
+def test_summary_without_an_optimizer_has_no_group_columns(resnet):
+    header = str(render.render(Session(resnet).summary(depth=1), 100)).splitlines()[1]
+    assert header.split() == ["module", "┃", "type", "┃", "params", "┃", "state", "┃", "BatchNorm"]

@@ -8,10 +8,10 @@ import html
 import io
 import shutil
 import sys
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
-from rich.console import Console, JustifyMethod, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.segment import Segment
 from rich.table import Table
 
@@ -81,7 +81,12 @@ class Rendered:
         )
         lines = [
             _rstrip(Segment.simplify(line))
-            for line in console.render_lines(self.renderable, pad=False)
+            for part in _parts(self.renderable)
+            for line in console.render_lines(
+                part,
+                console.options.update_width(_drawn_width(console, part, self.width)),
+                pad=False,
+            )
         ]
         while lines and not lines[-1]:
             lines.pop()
@@ -103,6 +108,25 @@ class Rendered:
 
     def __str__(self) -> str:
         return _text(self.lines())
+
+
+def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
+    """The renderables of a (nested) Group in order, each drawn at its own width."""
+    if isinstance(renderable, Group):
+        for part in renderable.renderables:
+            yield from _parts(part)
+    else:
+        yield renderable
+
+
+def _drawn_width(console: Console, part: RenderableType, width: int) -> int:
+    """``width``, except for a table whose words alone are wider: it is drawn as wide as
+    they need, so no cell breaks a word (a module path cut in two reads as two names);
+    the HTML scrolls sideways, and a terminal wraps the line whole."""
+    if not isinstance(part, Table):
+        return width
+    unbounded = console.options.update_width(10_000)
+    return max(width, console.measure(part, options=unbounded).minimum)
 
 
 def _rstrip(line: Iterable[Segment]) -> list[Segment]:
@@ -154,10 +178,14 @@ def human_bytes(n: float) -> str:
 
 
 def table(
-    title: str | None, columns: Sequence[tuple[str, JustifyMethod]] = (), **options: Any
+    title: str | None,
+    columns: Sequence[tuple[str, JustifyMethod]] = (),
+    whole: Collection[str] = (),
+    **options: Any,
 ) -> Table:
     """The house table: bold left title, no outer edge; ``columns`` as (name, justify).
-    A table is at least as wide as its title, so the title never wraps while it fits."""
+    A table is at least as wide as its title, so the title never wraps while it fits.
+    The columns named in ``whole`` never wrap (names, numbers); the others wrap at spaces."""
     drawn = Table(
         title=title,
         min_width=len(title) if title else None,
@@ -168,5 +196,5 @@ def table(
         **options,
     )
     for name, justify in columns:
-        drawn.add_column(name, justify=justify, overflow="fold")
+        drawn.add_column(name, justify=justify, overflow="fold", no_wrap=name in whole)
     return drawn

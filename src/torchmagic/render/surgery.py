@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
+from rich.padding import Padding
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
@@ -61,6 +62,7 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             ("params", "right"),
             ("", "left"),
         ],
+        whole=("#", "group", "wd", "tensors", "params"),
     )
     for g in groups:
         rate = _group_lr(g)
@@ -207,30 +209,44 @@ def change(change: Change, width: int | None = None) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
+def _group_cell(labels: Sequence[str]) -> str:
+    """The groups of one module's parameters: named while two fit, else counted (the
+    groups table below names them all, and the rows of its children narrow them down)."""
+    return ", ".join(labels) if len(labels) <= 2 else f"{len(labels)} groups"
+
+
 def summary(report: SummaryReport, width: int | None = None) -> Rendered:
-    drawn = table(
-        f"{report.model_name} ({report.model_kind})",
-        [
-            ("module", "left"),
-            ("type", "left"),
-            ("params", "right"),
-            ("state", "left"),
-            ("BatchNorm", "left"),
-            ("group", "left"),
-            ("lr", "right"),
-        ],
-    )
+    """The module table. Names are indented with padding, not spaces, so no name wraps (a
+    path cut in two reads as two names). Columns nothing fills (BatchNorm in a transformer,
+    group and lr without an optimizer) are left out."""
+    with_bn = any(row.bn for row in report.rows)
+    with_groups = bool(report.groups)
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("module", "left"),
+        ("type", "left"),
+        ("params", "right"),
+        ("state", "left"),
+    ]
+    columns += [("BatchNorm", "left")] if with_bn else []
+    columns += [("group", "left"), ("lr", "right")] if with_groups else []
+    # one column gives way when the rest do not fit: rich would narrow any wrapping
+    # column below its longest word, so the others are kept whole
+    whole = [name for name, _ in columns if name != "group"]
+    drawn = table(f"{report.model_name} ({report.model_kind})", columns, whole)
     for row in report.rows:
-        label = ("  " * row.depth) + (row.name.rsplit(".", 1)[-1] if row.depth else row.name)
-        drawn.add_row(
-            label,
+        name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
+        cells: list[RenderableType] = [
+            Padding(name, (0, 0, 0, 2 * row.depth)),  # an indent, not spaces to wrap at
             row.kind,
             human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
-            " ".join(f"{mode} {n}" for mode, n in row.bn.items()),
-            ", ".join(group_label(report.groups[i]) for i in row.groups),
-            _lr_range(report.lrs(row)),
-        )
+        ]
+        if with_bn:
+            cells.append(" ".join(f"{mode} {n}" for mode, n in row.bn.items()))
+        if with_groups:
+            labels = [group_label(report.groups[i]) for i in row.groups]
+            cells += [_group_cell(labels), _lr_range(report.lrs(row))]
+        drawn.add_row(*cells)
     c = report.counts
     parts: list[RenderableType] = [drawn]
     if report.hidden_rows:
