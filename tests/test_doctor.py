@@ -8,12 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torchvision
+from IPython.utils.capture import capture_output
 from torch import nn
 
 from cuda_fakes import no_cuda
-from torchmagic import Session
+from torchmagic import Session, render
+from torchmagic.core.advice import Call
 from torchmagic.core.diagnostics.doctor import CompileWatch, diagnose, is_compiled
 from torchmagic.core.training.amp import AmpController
+from torchmagic.magics.spelling import magic_line
 from torchmagic.render.doctor import doctor as render_doctor
 
 META = torch.device("meta")
@@ -221,7 +224,8 @@ def test_model_trained_off_the_session_device(model):
     assert diagnose(ns, device=torch.device("cpu")).findings == ()
     (finding,) = diagnose(ns, device=META).findings
     assert finding.subject == "model" and "session device is meta" in finding.message
-    assert finding.fix.startswith("tm.move moves model") and "model.to('meta')" in finding.fix
+    assert finding.fix.startswith('tm.move("model") moves model')
+    assert "model.to('meta')" in finding.fix
 
 
 def test_lazy_modules_do_not_trip_the_scan():
@@ -334,3 +338,41 @@ def test_in_place_compile_is_recognised():
     net = nn.Linear(2, 2)
     net.compile()
     assert is_compiled(net)
+
+
+def test_fixes_name_magics_in_a_notebook_and_python_calls_in_a_script(ip):
+    """A notebook has no ``tm``: its fixes are the magic lines to type; the Python API
+    keeps Python calls. The same Finding carries both (its commands are values)."""
+    ip.run_cell(
+        "import torch, torchvision\n"
+        "model = torchvision.models.resnet18(weights=None)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+        "model(torch.randn(2, 3, 32, 32)).sum().backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad(set_to_none=False)\n"
+        "for p in model.layer1.parameters(): p.requires_grad = False\n"
+    ).raise_error()
+    ip.run_line_magic("config", "TorchMagics.width = 300")  # one line per finding
+    with capture_output() as cap:
+        ip.run_line_magic("tm", "doctor")
+    shown = cap.outputs[0].data["text/plain"]
+    assert "%freeze model.layer1 (takes them out of optimizer)" in shown
+    assert "tm.freeze" not in shown and "tm.undo" not in shown
+    assert "%tm undo brings it back" in shown
+    report = Session(ip.user_ns["model"], ip.user_ns["optimizer"]).doctor()
+    script = str(render.render(report, 300))
+    assert 'tm.freeze("model.layer1") (takes them out of optimizer)' in script
+    assert "%freeze" not in script
+
+
+def test_magic_spelling_of_each_suggested_command():
+    freeze = Call("freeze", ("model.layer1", "model.fc"))
+    assert magic_line(freeze) == "%freeze model.layer1 model.fc"
+    unfreeze = Call("unfreeze", ("model.a",), (("lr", "…"),), more=True)
+    assert magic_line(unfreeze) == "%unfreeze model.a … lr=…"
+    assert unfreeze.python() == 'tm.unfreeze("model.a", …, lr=…)'
+    assert magic_line(Call("replace_head", ("model.fc", 7))) == "%replace_head model.fc 7"
+    assert magic_line(Call("amp_on", ("bf16",))) == "%amp on bf16"
+    assert magic_line(Call("move", ("model",))) == "%device move model"
+    assert magic_line(Call("move", mention=True)) == "%device move"
+    assert magic_line(Call("undo")) == "%tm undo" and Call("undo").python() == "tm.undo()"

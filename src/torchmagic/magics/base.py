@@ -27,6 +27,8 @@ from .. import render
 from ..core import Session, TorchMagicError
 from ..core.surgery.grammar import split_options
 from ..manifest import subcommand_usage, usage
+from ..render.spelling import calls_spelled
+from .spelling import magic_line
 
 if TYPE_CHECKING:
     from ..render import Rendered
@@ -238,7 +240,7 @@ class TopicMagics(Magics):
         fewest, most = entry.arity
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
-        with self.refusals(magic):
+        with self.refusals(magic), calls_spelled(magic_line):
             return entry.handler(self, rest, args)
 
     def show(self, rendered: object) -> None:

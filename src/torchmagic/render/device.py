@@ -11,6 +11,7 @@ from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport, Misplaced
 from . import theme
 from .base import Rendered, human_bytes, table
+from .spelling import fix_text
 
 
 def _bytes(n: int | None) -> str:
@@ -71,7 +72,7 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
             Text(m.device, style=theme.style("error")),
             shape,
             human_bytes(m.nbytes),
-            m.fix,
+            fix_text(m.advice),
         )
     return drawn
 

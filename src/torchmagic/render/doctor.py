@@ -8,6 +8,7 @@ from rich.text import Text
 from ..core.diagnostics.doctor import DoctorReport
 from . import theme
 from .base import Rendered, human_bytes, table
+from .spelling import fix_text
 
 _STYLE = {
     "error": theme.style("error", bold=True),
@@ -39,6 +40,6 @@ def doctor(report: DoctorReport, width: int | None = None) -> Rendered:
         if f.nbytes:
             problem.append(f" ({human_bytes(f.nbytes)})")
         problem.append("\n→ ")
-        problem.append(f.fix, style=theme.style("ok"))
+        problem.append(fix_text(f.advice), style=theme.style("ok"))
         drawn.add_row(Text(f.severity, style=_STYLE[f.severity]), f.check, f.subject, problem)
     return Rendered(Group(head, drawn, Text(scanned, style=theme.style("dim"))), width)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from ..advice import Advice, Advised, Call
 from ..modules import parameter_names, unwrap
 from ..tensors import attribute_tensors, nbytes, state_entries
 
@@ -26,7 +27,7 @@ _ATTR_ITEMS = 1000
 
 
 @dataclass(frozen=True)
-class Misplaced:
+class Misplaced(Advised):
     """One tensor that is not on the model's device."""
 
     name: str  # qualified: "layer1.0.anchors[2]", "optimizer.state[fc.weight].exp_avg"
@@ -34,7 +35,7 @@ class Misplaced:
     device: str
     shape: tuple[int, ...]
     nbytes: int
-    fix: str
+    advice: str | Advice  # the fix: text, with the commands in it as Calls
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,10 @@ def _optimizer_misplaced(
             str(value.device),
             tuple(value.shape),
             nbytes(value),
-            f"tm.move (moves optimizer state with its parameter to {p.device})",
+            (
+                Call("move", mention=True),
+                f" (moves optimizer state with its parameter to {p.device})",
+            ),
         )
 
 
@@ -107,7 +111,7 @@ def find_misplaced(
         return CheckReport(model_name, None, 0, ())
     found: list[Misplaced] = []
     tensors = 0
-    move_fix = f"tm.move (or {model_name}.to('{ref}'))"
+    move_fix = (Call("move", mention=True), f" (or {model_name}.to('{ref}'))")
     for name, p in model.named_parameters():
         tensors += 1
         if is_lazy(p):  # no data yet: it is created where the first input is
@@ -160,7 +164,7 @@ def find_misplaced(
                     str(scale.device),
                     tuple(scale.shape),
                     nbytes(scale),
-                    f"tm.move (or a new torch.amp.GradScaler('{ref.type}'))",
+                    (Call("move", mention=True), f" (or a new torch.amp.GradScaler('{ref.type}'))"),
                 )
             )
         elif scale is None and scaler._device != ref.type:

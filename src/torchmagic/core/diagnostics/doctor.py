@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from ..advice import Advice, Advised, Call
 from ..devices.placement import find_misplaced, reference_device
 from ..errors import TorchMagicError
 from ..modules import parameter_names, unwrap
@@ -45,12 +46,12 @@ class AmpState(Protocol):
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(Advised):
     check: str
     severity: str  # "error" (wrong results or a crash), "warning" (waste), "info"
     subject: str
     message: str
-    fix: str
+    advice: str | Advice  # the fix: text, with the commands in it as Calls
     nbytes: int = 0  # memory the problem holds, when known
 
 
@@ -66,11 +67,12 @@ def _names(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
 
 
-def _blocks(model_name: str, param_names: Iterable[str]) -> str:
-    """Freeze / unfreeze targets covering these parameters, as Python arguments: their
-    top-level blocks (``"model.layer1", "model.fc"``)."""
+def _blocks(method: str, model_name: str, param_names: Iterable[str], **options: str) -> Call:
+    """A freeze / unfreeze of the top-level blocks covering these parameters
+    (``model.layer1``, ``model.fc``), the first four named."""
     tops = list(dict.fromkeys(n.split(".")[0] for n in param_names))
-    return ", ".join(f'"{model_name}.{t}"' for t in tops[:4]) + (", …" if len(tops) > 4 else "")
+    targets = tuple(f"{model_name}.{t}" for t in tops[:4])
+    return Call(method, targets, tuple(options.items()), more=len(tops) > 4)
 
 
 # -- 1, 2: parameters and the optimizer ----------------------------------------------
@@ -95,8 +97,10 @@ def _unoptimized(
         f"re-create {mixed[0][0]} over {name} ({_recreate(*mixed[0], name)}): it also holds "
         "parameters of a model no variable names"
         if mixed
-        else f"tm.unfreeze({_blocks(name, missing)}, lr=…) (adds them to {opts[0][0]} as a "
-        "param group)"
+        else (
+            _blocks("unfreeze", name, missing, lr="…"),
+            f" (adds them to {opts[0][0]} as a param group)",
+        )
     )
     yield Finding(
         "unoptimized",
@@ -193,8 +197,10 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
                 f"{name}: {_names(graded)}",
                 f"{len(graded)} frozen tensor(s) in {opt_name} still have a .grad (zeros or "
                 "stale): every step applies it, with momentum and weight decay, so they move",
-                f"tm.freeze({_blocks(name, graded)}) (takes them out of {opt_name}), or "
-                f"{opt_name}.zero_grad(set_to_none=True)",
+                (
+                    _blocks("freeze", name, graded),
+                    f" (takes them out of {opt_name}), or {opt_name}.zero_grad(set_to_none=True)",
+                ),
             )
         stateful = [p for p in inside if opt.state.get(p)]
         if stateful:
@@ -203,8 +209,12 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
                 "warning",
                 f"{name}: {_names([names[id(p)] for p in stateful])}",
                 f"{len(stateful)} frozen tensor(s) still in {opt_name} hold optimizer state",
-                f"tm.freeze({_blocks(name, [names[id(p)] for p in stateful])}) "
-                "(frees the state; tm.undo() brings it back)",
+                (
+                    _blocks("freeze", name, [names[id(p)] for p in stateful]),
+                    " (frees the state; ",
+                    Call("undo"),
+                    " brings it back)",
+                ),
                 state_bytes(opt, stateful),
             )
 
@@ -239,7 +249,7 @@ def _bn_drift(name: str, model: nn.Module) -> Iterator[Finding]:
             f"{name}: {_names(drifting)}",
             f"{len(drifting)} BatchNorm layer(s) in frozen blocks are in train mode: their "
             "running statistics keep moving (ignore if you chose bn='train')",
-            f"tm.freeze({_blocks(name, drifting)}) holds them in eval, also after {name}.train()",
+            (_blocks("freeze", name, drifting), f" holds them in eval, also after {name}.train()"),
         )
 
 
@@ -265,7 +275,7 @@ def _devices(name: str, model: nn.Module, opts: list, scalers: list) -> Iterator
             "error",
             f"{name}: {_names([m.name for m in items])}",
             f"{len(items)} {kind} tensor(s) on {device}, the model is on {reference}",
-            items[0].fix,
+            items[0].advice,
             sum(m.nbytes for m in items),
         )
 
@@ -278,8 +288,11 @@ def _off_session_device(name: str, model: nn.Module, device: torch.device) -> It
             "warning",
             name,
             f"{name} is on {where} but the session device is {device}",
-            f"tm.move moves {name}, its optimizer state and GradScaler together (or "
-            f"{name}.to('{device}'))",
+            (
+                Call("move", (name,)),
+                f" moves {name}, its optimizer state and GradScaler together (or "
+                f"{name}.to('{device}'))",
+            ),
         )
 
 
@@ -299,7 +312,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
                 "warning",
                 "autocast",
                 "fp16 autocast on the CPU: slow, and fp16 needs loss scaling",
-                'tm.amp_on("bf16") (bfloat16 keeps fp32\'s range)',
+                (Call("amp_on", ("bf16",)), " (bfloat16 keeps fp32's range)"),
             )
     if not scalers:
         return
@@ -309,7 +322,7 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
             "warning",
             "GradScaler",
             "a GradScaler with bf16 autocast: bf16 has fp32's range, scaling only costs time",
-            'drop the scaler (or tm.amp_on("bf16"), which uses none)',
+            ("drop the scaler (or ", Call("amp_on", ("bf16",)), ", which uses none)"),
         )
     for name, model in models.items():
         if _half_params(model):
@@ -319,7 +332,11 @@ def _amp(amp: AmpState | None, models: Mapping[str, nn.Module], scalers: list) -
                 name,
                 f"{name} was cast to fp16 (.half()) while a GradScaler is active: unscaling "
                 "fp16 gradients fails, and fp16 weights lose small updates",
-                f'{name}.float(), and let autocast run the fp16 maths (tm.amp_on("fp16"))',
+                (
+                    f"{name}.float(), and let autocast run the fp16 maths (",
+                    Call("amp_on", ("fp16",)),
+                    ")",
+                ),
             )
 
 
@@ -341,8 +358,13 @@ def _schedulers(ws: Workspace, optimizers: list) -> Iterator[Finding]:
                     f"{kind} on {opt_name}",
                     f"{'; '.join(wrong)} for {n} param groups: the next "
                     "scheduler.step() fails or schedules the wrong groups",
-                    f"recreate the scheduler over {opt_name}; tm.unfreeze / tm.replace_head "
-                    "keep it in step from then on",
+                    (
+                        f"recreate the scheduler over {opt_name}; ",
+                        Call("unfreeze", mention=True),
+                        " / ",
+                        Call("replace_head", mention=True),
+                        " keep it in step from then on",
+                    ),
                 )
             reason = scheduler_sync.unfollowable(s, opt)
             if reason:
@@ -496,8 +518,10 @@ def _label_range(name: str, head: Head, sources: list[_Data]) -> Iterator[Findin
             f"{source.name} has label {bad} but {where} has {classes} outputs (labels "
             f"0 to {classes - 1}): cross_entropy fails, on the GPU as 'device-side assert "
             "triggered'",
-            f'tm.replace_head("{name}.{head.name}", {high + 1}) for {high + 1} classes, or '
-            f"map the labels to 0..{classes - 1}"
+            (
+                Call("replace_head", (f"{name}.{head.name}", high + 1)),
+                f" for {high + 1} classes, or map the labels to 0..{classes - 1}",
+            )
             if head.name
             else f"map the labels to 0..{classes - 1}",
         )
@@ -515,7 +539,7 @@ def _class_count(name: str, head: Head, sources: list[_Data]) -> Iterator[Findin
             f"{source.name} → {where}",
             f"{source.name} declares {declared} classes but {where} has "
             f"{head.out_features} outputs",
-            f'tm.replace_head("{where}", {declared})',
+            (Call("replace_head", (where, declared)),),
         )
 
 
