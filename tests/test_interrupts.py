@@ -34,7 +34,7 @@ from torch.autograd import grad_mode
 
 import torchmagic.core
 from snapshots import assert_same
-from torchmagic import Session
+from torchmagic import Change, Session, render
 from torchmagic.core.surgery import optimizer_sync
 from torchmagic.core.surgery.transaction import Transaction, Uninterrupted, uninterrupted
 from torchmagic.magics.extension import loaded
@@ -362,14 +362,15 @@ def test_revert_finishes_when_interrupted_part_way():
 # -- the magics say when the change was applied ------------------------------------------
 
 
-def test_magic_interrupted_while_rendering_says_it_was_applied(ip, monkeypatch):
+def test_magic_interrupted_while_rendering_says_it_was_applied(ip, request):
     world = build()
     ip.user_ns.update(model=world.model, optimizer=world.opt)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("torchmagic.render.change", interrupted)
+    render.render.register(Change, interrupted)  # drawing the change is interrupted
+    request.addfinalizer(lambda: render.render.register(Change, render.change))
     with capture_output() as cap, pytest.raises(KeyboardInterrupt):
         ip.run_line_magic("freeze", "block1")
     assert "interrupted after %freeze block1 was applied" in cap.outputs[0].data["text/plain"]
