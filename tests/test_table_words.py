@@ -32,8 +32,8 @@ import pytest
 import torch
 from rich.console import Console, RenderableType
 from rich.table import Table
-from test_golden import CASES, PROGRESS, _progress
 
+from test_golden import CASES, PROGRESS, _progress
 from torchmagic import Session, render
 from torchmagic.core.devices.device import DeviceInfo, DeviceReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
@@ -128,9 +128,7 @@ def _bert_session() -> Session:
 def _bert_results() -> list[object]:
     tm = _bert_session()
     froze = tm.freeze("bert.embeddings", command="%freeze bert.embeddings")
-    unfroze = tm.unfreeze(
-        "bert.embeddings", lr=1e-4, command="%unfreeze bert.embeddings lr=1e-4"
-    )
+    unfroze = tm.unfreeze("bert.embeddings", lr=1e-4, command="%unfreeze bert.embeddings lr=1e-4")
     froze_encoder = tm.freeze(
         "bert.encoder.layer.0", command="%freeze bert.encoder.layer.0 --dry-run", dry_run=True
     )
@@ -163,7 +161,9 @@ def _long_schedules() -> Change:
             1e-4,
             _SCHEDULERS,
         ),
-        GroupInfo(2, "bert.embeddings.word_embeddings", 1e-4, 0.05, 1, 976_896, "changed", None, ()),
+        GroupInfo(
+            2, "bert.embeddings.word_embeddings", 1e-4, 0.05, 1, 976_896, "changed", None, ()
+        ),
         GroupInfo(3, "3", 0.001, None, 0, 0, "", None, ("OneCycleLR",)),
     )
     return Change(

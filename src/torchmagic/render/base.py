@@ -4,8 +4,8 @@ never forced to be a terminal), and number formatting."""
 
 from __future__ import annotations
 
-import html
 import copy
+import html
 import io
 import shutil
 import sys
@@ -73,9 +73,7 @@ class Rendered:
         lines = [
             _rstrip(Segment.simplify(line))
             for part, width in self.drawn(console)
-            for line in console.render_lines(
-                part, console.options.update_width(width), pad=False
-            )
+            for line in console.render_lines(part, console.options.update_width(width), pad=False)
         ]
         while lines and not lines[-1]:
             lines.pop()
@@ -250,12 +248,16 @@ def human_bytes(n: float) -> str:
 def table(
     title: str | None,
     columns: Sequence[tuple[str, JustifyMethod]] = (),
-    whole: Collection[str] = (),
+    whole: Collection[str | int] = (),
     **options: Any,
 ) -> Table:
     """The house table: bold left title, no outer edge; ``columns`` as (name, justify).
     A table is at least as wide as its title, so the title never wraps while it fits.
-    The columns named in ``whole`` never wrap (names, numbers); the others wrap at spaces."""
+    The columns in ``whole`` (by name, or by position where names repeat, as blank ones
+    do) never wrap: names and numbers with a space in them (a group "layer4 · no_decay",
+    a size "4.0 MiB"). The others wrap at spaces, never inside a word (``_fitted``): a
+    column of single words, numbers say, only ever wraps its header, so that the table
+    still fits a narrow width where its words allow."""
     drawn = Table(
         title=title,
         min_width=len(title) if title else None,
@@ -265,6 +267,7 @@ def table(
         pad_edge=False,
         **options,
     )
-    for name, justify in columns:
-        drawn.add_column(name, justify=justify, overflow="fold", no_wrap=name in whole)
+    for index, (name, justify) in enumerate(columns):
+        no_wrap = name in whole or index in whole
+        drawn.add_column(name, justify=justify, overflow="fold", no_wrap=no_wrap)
     return drawn
