@@ -18,6 +18,10 @@ the same cell drawn without a width limit: a word folded over two lines, cropped
 with an ellipsis shows up as a different list of words, while wrapping at a space leaves
 the list as it was. Titles, notes and other lines outside tables may wrap as they like.
 
+The other side of it: a table is drawn wider than the width only where its words need it
+(``wider_than_needed``): then every column is exactly as wide as its longest word, or, for
+a column that does not wrap, its widest cell, so narrow widths still fit where words allow.
+
 The cases are every result the golden tests build (their builders, reused), drawn at 60,
 80, 100 and 140 columns, and stress cases with long names: a Hugging Face BERT with
 timm's decay / no-decay groups, long scheduler names, long doctor findings, long tensor
@@ -106,6 +110,32 @@ def broken_cells(rendered: render.Rendered) -> list[str]:
                         f"({column_width} wide): {' '.join(whole)!r} drawn as {words}"
                     )
     return broken
+
+
+def wider_than_needed(rendered: render.Rendered) -> list[str]:
+    """Each table of ``rendered`` drawn wider than the width although a column of it
+    could be narrower: one that wraps narrower than its longest word is a broken word,
+    one that does not wrap narrower than its widest cell a cropped one, so a table is
+    only ever wider than the width with every column at that minimum."""
+    console = rendered.console()
+    wide = []
+    for part, width in rendered.drawn(console):
+        if not isinstance(part, Table):
+            continue
+        widths = _column_widths(console, part, width)
+        if sum(widths) + part._extra_width <= rendered.width:
+            continue
+        for index, (column, column_width) in enumerate(zip(part.columns, widths, strict=True)):
+            sizes = [
+                console.measure(cell.renderable, options=console.options.update_width(UNLIMITED))
+                for cell in part._get_cells(console, index, column)
+            ]
+            need = max(s.maximum if column.no_wrap else s.minimum for s in sizes)
+            if column_width > need:
+                wide.append(
+                    f"{part.title!s:.40} · column {column.header or index}: {column_width} > {need}"
+                )
+    return wide
 
 
 # -- stress cases: long names ---------------------------------------------------------------
@@ -352,6 +382,14 @@ def test_no_table_cell_breaks_a_word(width: int) -> None:
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_table_is_wider_than_the_width_only_where_its_words_need(width: int) -> None:
+    wide = [
+        f"{case}: {column}" for case, drawn in _at(width) for column in wider_than_needed(drawn)
+    ]
+    assert not wide, "\n".join(wide)
+
+
 @pytest.fixture(scope="module")
 def bert_results() -> list[object]:
     return _bert_results()
@@ -359,12 +397,11 @@ def bert_results() -> list[object]:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_bert_with_timm_groups_breaks_no_word(bert_results, width: int) -> None:
-    broken = [
-        f"{type(result).__name__}: {cell}"
-        for result in bert_results
-        for cell in broken_cells(render.render(result, width=width))
-    ]
+    drawn = [render.render(result, width=width) for result in bert_results]
+    broken = [f"{type(d).__name__}: {cell}" for d in drawn for cell in broken_cells(d)]
     assert not broken, "\n".join(broken)
+    wide = [f"{type(d).__name__}: {column}" for d in drawn for column in wider_than_needed(d)]
+    assert not wide, "\n".join(wide)
 
 
 def test_the_check_sees_a_broken_word() -> None:
@@ -382,3 +419,24 @@ class _AsRichDraws(render.Rendered):
 
     def drawn(self, console: Console) -> list[tuple[RenderableType, int]]:
         return [(self.renderable, self.width)]
+
+
+def test_the_terminal_live_view_keeps_words_where_it_fits() -> None:
+    """The terminal's live %fit view draws its epoch table through ``Fitted``: words whole
+    where the table fits the terminal; where it cannot, rich's own layout (a live view
+    crops what is wider than the terminal, which would lose columns)."""
+    import io
+
+    from torchmagic.render.base import Fitted
+    from torchmagic.render.training import epoch_table
+
+    drawn = epoch_table([EpochMetrics(1, 1.2345678, 1.1, 0.5, 512, 2.0, (1e-3, 1e-4))])
+
+    def printed(renderable: RenderableType, width: int) -> str:
+        console = Console(file=io.StringIO(), width=width, markup=False)
+        console.print(renderable)
+        return console.file.getvalue()
+
+    assert "samples/s" in printed(Fitted(drawn), 64)
+    assert "samples/s" not in printed(drawn, 64)  # rich alone: "sampl" / "es/s"
+    assert printed(Fitted(drawn), 50) == printed(drawn, 50)

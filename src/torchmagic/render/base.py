@@ -13,7 +13,14 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.console import (
+    Console,
+    ConsoleOptions,
+    Group,
+    JustifyMethod,
+    RenderableType,
+    RenderResult,
+)
 from rich.measure import Measurement
 from rich.segment import Segment
 from rich.table import Table
@@ -116,6 +123,22 @@ class Rendered:
 
     def __str__(self) -> str:
         return _text(self.lines())
+
+
+class Fitted:
+    """``renderable`` for a console that draws it itself (the terminal's live %fit view):
+    each table laid out as ``Rendered`` lays it out, words whole, where that fits the
+    console; one that would need more is left to rich (a live view crops what is wider)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for part in _parts(self.renderable):
+            fitted, width = _fitted(console, part, options.max_width)
+            if width > options.max_width:
+                fitted = part
+            yield from console.render(fitted, options)
 
 
 def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
