@@ -4,14 +4,24 @@ never forced to be a terminal), and number formatting."""
 
 from __future__ import annotations
 
+import copy
 import html
 import io
 import shutil
 import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.console import (
+    Console,
+    ConsoleOptions,
+    Group,
+    JustifyMethod,
+    RenderableType,
+    RenderResult,
+)
+from rich.measure import Measurement
 from rich.segment import Segment
 from rich.table import Table
 
@@ -66,10 +76,22 @@ class Rendered:
     def lines(self) -> list[list[Segment]]:
         """The renderable drawn at ``width``, as lines of styled segments, trailing blanks
         dropped: the one drawing both MIME types come from."""
+        console = self.console()
+        lines = [
+            _rstrip(Segment.simplify(line))
+            for part, width in self.drawn(console)
+            for line in console.render_lines(part, console.options.update_width(width), pad=False)
+        ]
+        while lines and not lines[-1]:
+            lines.pop()
+        return lines
+
+    def console(self) -> Console:
+        """The console every drawing of this renderable goes through."""
         # markup off: module names, commands and usage strings contain [brackets];
         # force_jupyter off: in a kernel rich would otherwise display its own copy;
         # a colour system, or a progress bar leaves out its empty part
-        console = Console(
+        return Console(
             force_jupyter=False,
             color_system="truecolor",
             force_terminal=False,
@@ -79,18 +101,11 @@ class Rendered:
             highlight=False,
             emoji=False,
         )
-        lines = [
-            _rstrip(Segment.simplify(line))
-            for part in _parts(self.renderable)
-            for line in console.render_lines(
-                part,
-                console.options.update_width(_drawn_width(console, part, self.width)),
-                pad=False,
-            )
-        ]
-        while lines and not lines[-1]:
-            lines.pop()
-        return lines
+
+    def drawn(self, console: Console) -> list[tuple[RenderableType, int]]:
+        """What ``lines`` draws, in order: each part of the renderable (a nested Group
+        flattened) with the width it is drawn at; a table as laid out by ``_fitted``."""
+        return [_fitted(console, part, self.width) for part in _parts(self.renderable)]
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
@@ -110,6 +125,22 @@ class Rendered:
         return _text(self.lines())
 
 
+class Fitted:
+    """``renderable`` for a console that draws it itself (the terminal's live %fit view):
+    each table laid out as ``Rendered`` lays it out, words whole, where that fits the
+    console; one that would need more is left to rich (a live view crops what is wider)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for part in _parts(self.renderable):
+            fitted, width = _fitted(console, part, options.max_width)
+            if width > options.max_width:
+                fitted = part
+            yield from console.render(fitted, options)
+
+
 def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
     """The renderables of a (nested) Group in order, each drawn at its own width."""
     if isinstance(renderable, Group):
@@ -119,14 +150,74 @@ def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
         yield renderable
 
 
-def _drawn_width(console: Console, part: RenderableType, width: int) -> int:
-    """``width``, except for a table whose words alone are wider: it is drawn as wide as
-    they need, so no cell breaks a word (a module path cut in two reads as two names);
-    the HTML scrolls sideways, and a terminal wraps the line whole."""
-    if not isinstance(part, Table):
-        return width
-    unbounded = console.options.update_width(10_000)
-    return max(width, console.measure(part, options=unbounded).minimum)
+def _fitted(console: Console, part: RenderableType, width: int) -> tuple[RenderableType, int]:
+    """``part`` and the width to draw it at. A table wider than ``width`` is narrowed by
+    its wrapping columns, the widest first, none below its longest word (rich would
+    narrow a column below it and break the word: a module path cut in two reads as two
+    names), and columns that do not wrap (``no_wrap``, the house table's ``whole``) keep
+    their widest cell. A table whose words alone are wider is drawn as wide as they need:
+    the HTML scrolls sideways, and a terminal wraps the line whole. Anything else is
+    drawn at ``width`` as it is."""
+    if not isinstance(part, Table) or not part.columns or _sized(part):
+        return part, width
+    unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
+    lows, highs = [], []
+    for column in part.columns:
+        cells = [column.header] if part.show_header else []
+        cells += [*column.cells, *([column.footer] if part.show_footer else [])]
+        sizes = [Measurement.get(console, unbounded, cell) for cell in cells]
+        high = max((size.maximum for size in sizes), default=0)
+        highs.append(high)
+        lows.append(high if column.no_wrap else max((s.minimum for s in sizes), default=0))
+    # the padding and the rules between columns: the table with every column 0 wide
+    probe = copy.copy(part)
+    probe.columns = [replace(column, width=0) for column in part.columns]
+    probe.min_width = None
+    edges = console.measure(probe, options=unbounded).maximum
+    room = width - edges
+    if sum(highs) <= room:
+        return part, width
+    widths = lows if sum(lows) >= room else _share(lows, highs, room)
+    fitted = copy.copy(part)
+    fitted.columns = [replace(c, width=w) for c, w in zip(part.columns, widths, strict=True)]
+    return fitted, max(width, sum(widths) + edges)
+
+
+_UNBOUNDED = 10_000
+
+
+def _sized(table: Table) -> bool:
+    """A table that sizes itself (a width, an expand, a column's own width limits): rich
+    lays it out alone."""
+    return (
+        table.width is not None
+        or table.expand
+        or any(
+            c.width is not None or c.min_width is not None or c.max_width is not None or c.ratio
+            for c in table.columns
+        )
+    )
+
+
+def _share(lows: Sequence[int], highs: Sequence[int], room: int) -> list[int]:
+    """Column widths that add up to ``room`` (``sum(lows) <= room < sum(highs)``): every
+    column as wide as its widest cell up to one cap, never narrower than its ``low``;
+    the cap as high as ``room`` allows, the columns at it given the columns left over."""
+
+    def at(cap: int) -> list[int]:
+        return [min(high, max(low, cap)) for low, high in zip(lows, highs, strict=True)]
+
+    below, above = 0, max(highs)  # sum(at(below)) <= room < sum(at(above))
+    while above - below > 1:
+        middle = (below + above) // 2
+        below, above = (middle, above) if sum(at(middle)) <= room else (below, middle)
+    widths = at(below)
+    spare = room - sum(widths)
+    for index, high in enumerate(highs):
+        if spare and widths[index] == below < high:
+            widths[index] += 1
+            spare -= 1
+    return widths
 
 
 def _rstrip(line: Iterable[Segment]) -> list[Segment]:
@@ -180,12 +271,16 @@ def human_bytes(n: float) -> str:
 def table(
     title: str | None,
     columns: Sequence[tuple[str, JustifyMethod]] = (),
-    whole: Collection[str] = (),
+    whole: Collection[str | int] = (),
     **options: Any,
 ) -> Table:
     """The house table: bold left title, no outer edge; ``columns`` as (name, justify).
     A table is at least as wide as its title, so the title never wraps while it fits.
-    The columns named in ``whole`` never wrap (names, numbers); the others wrap at spaces."""
+    The columns in ``whole`` (by name, or by position where names repeat, as blank ones
+    do) never wrap: names and numbers with a space in them (a group "layer4 · no_decay",
+    a size "4.0 MiB"). The others wrap at spaces, never inside a word (``_fitted``): a
+    column of single words, numbers say, only ever wraps its header, so that the table
+    still fits a narrow width where its words allow."""
     drawn = Table(
         title=title,
         min_width=len(title) if title else None,
@@ -195,6 +290,7 @@ def table(
         pad_edge=False,
         **options,
     )
-    for name, justify in columns:
-        drawn.add_column(name, justify=justify, overflow="fold", no_wrap=name in whole)
+    for index, (name, justify) in enumerate(columns):
+        no_wrap = name in whole or index in whole
+        drawn.add_column(name, justify=justify, overflow="fold", no_wrap=no_wrap)
     return drawn

@@ -21,6 +21,7 @@ def device_compare(report: CompareReport, width: int | None = None) -> Rendered:
             ("samples/s", "right"),
             ("", "left"),
         ),
+        whole=("device",),
     )
     fastest = report.fastest
     for t in report.timings:

@@ -35,6 +35,7 @@ def devices(report: DeviceReport, width: int | None = None) -> Rendered:
             ("bf16", "left"),
             ("", "left"),
         ),
+        whole=("device", "name", "free", "total", "bf16"),
     )
     for d in report.devices:
         drawn.add_row(
@@ -63,6 +64,7 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
             ("size", "right"),
             ("fix", "left"),
         ),
+        whole=("tensor", "kind", "device", "shape", "size"),
     )
     for m in items:
         shape = "×".join(map(str, m.shape)) if m.shape else "scalar"
@@ -127,6 +129,7 @@ def pin_report(report: PinReport, width: int | None = None) -> Rendered:
         f"host → {report.device}: one batch, {human_bytes(report.batch_bytes)} in "
         f"{report.tensors} tensor(s), median of {report.repeats}",
         (("host memory", "left"), ("copy", "left"), ("ms", "right"), ("GB/s", "right")),
+        whole=("host memory", "copy", "ms", "GB/s"),
     )
     rows = (
         ("pageable", "blocking", report.pageable_ms),

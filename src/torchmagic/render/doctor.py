@@ -33,6 +33,7 @@ def doctor(report: DoctorReport, width: int | None = None) -> Rendered:
     drawn = table(
         None,
         [("", "left"), ("check", "left"), ("where", "left"), ("problem → fix", "left")],
+        whole=(0, "check", "where"),
         show_lines=True,
     )
     for f in report.findings:

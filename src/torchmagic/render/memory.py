@@ -14,7 +14,7 @@ from .base import Rendered, human, human_bytes, table
 
 
 def _table(title: str) -> Table:
-    return table(title, [("", "left"), ("bytes", "right"), ("", "left")])
+    return table(title, [("", "left"), ("bytes", "right"), ("", "left")], whole=(0, 1))
 
 
 def _signed(n: int) -> str:

@@ -23,7 +23,7 @@ from rich.text import Text
 from ..core.training.fit import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
-from .base import Rendered, human
+from .base import Fitted, Rendered, human
 from .training import epoch_table, group_names, lr_text, unfrozen_text
 
 BAR_WIDTH = 30
@@ -245,7 +245,7 @@ class TerminalProgress:
         if not self.running:
             self.live.start()
             self.running = True
-        self.live.update(self.state.view(), refresh=True)
+        self.live.update(Fitted(self.state.view()), refresh=True)
 
     def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)

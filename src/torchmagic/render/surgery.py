@@ -62,7 +62,7 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             ("params", "right"),
             ("", "left"),
         ],
-        whole=("#", "group", "wd", "tensors", "params"),
+        whole=("#", "group", "wd", "tensors", "params", ""),
     )
     for g in groups:
         rate = _group_lr(g)
@@ -282,6 +282,7 @@ def history(
     drawn = table(
         "torchmagic history",
         [("#", "right"), ("command", "left"), ("model", "left"), ("modules", "left"), ("", "left")],
+        whole=("#", "model"),
     )
     for e in entries:
         drawn.add_row(
@@ -307,6 +308,7 @@ def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     drawn = table(
         f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
         [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
+        whole=("magic",),
         show_lines=True,
     )
     for magic in manifest["magics"]:

@@ -56,7 +56,7 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
         "time (s)",
         *lr_columns,
     ]
-    drawn = table(title or None, [(c, "right") for c in columns])
+    drawn = table(title or None, [(c, "right") for c in columns], whole=("epoch",))
     for m in epochs:
         rate = m.samples / m.seconds if m.seconds else 0.0
         lrs = [lr(value) for value in m.lrs] if per_group else [lr_text(m.lrs, ())]
@@ -129,7 +129,7 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
     """Every %fit of the session side by side: one column per run."""
     if not histories:
         return HistoryView(Text("no %fit runs yet", style=theme.style("dim")), [], width)
-    drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)])
+    drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)], whole=(0,))
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
         ("model", [h.model_name for h in histories]),

@@ -15,7 +15,7 @@ def _floats(values: tuple[float, ...] | None) -> str:
 
 
 def weights_table(info: WeightsInfo):
-    drawn = table(info.name, (("", "left"), ("", "left")), show_header=False)
+    drawn = table(info.name, (("", "left"), ("", "left")), whole=(0,), show_header=False)
     if info.num_params is not None:
         drawn.add_row("parameters", human(info.num_params))
     for dataset, metric, value in info.metrics:
