@@ -97,6 +97,13 @@ SLOW = {
     "%gpumem batch --input-shape 3,224,224": "real steps at 224×224",
 }
 
+# Examples whose output the document prints in the next fenced block without a language:
+# the text of the example's last output must be that block, line for line.
+SHOWS_OUTPUT = {
+    # README's first session: "this is the text form of the last one" (%unfreeze).
+    "%unfreeze layer4 lr=1e-4\n": "README.md's first session",
+}
+
 # Spellings that download weights, with what runs offline instead. The README says the two
 # are interchangeable ("With internet access the usual weights="DEFAULT" works unchanged").
 OFFLINE = {'weights="DEFAULT"': "weights=None"}
@@ -194,7 +201,9 @@ def matching(fragment: str) -> list[Example]:
 
 
 @pytest.mark.parametrize(
-    "table", [SKIP, SETUP, SLOW, OFFLINE], ids=["skip", "setup", "slow", "offline"]
+    "table",
+    [SKIP, SETUP, SLOW, SHOWS_OUTPUT, OFFLINE],
+    ids=["skip", "setup", "slow", "shows-output", "offline"],
 )
 def test_every_listed_fragment_names_one_example(table):
     """A fragment whose example was edited away (or that now matches several) is stale."""
@@ -222,13 +231,15 @@ def shell(load: bool) -> Iterator[InteractiveShell]:
         atexit.unregister(ip.atexit_operations)
 
 
-def run(ip: InteractiveShell, code: str, where: str) -> None:
-    """Run ``code`` as a cell; any error (a ``UsageError`` included) fails the test."""
+def run(ip: InteractiveShell, code: str, where: str) -> str:
+    """Run ``code`` as a cell; any error (a ``UsageError`` included) fails the test. The
+    text form of the cell's last output (``text/plain``) is returned."""
     with capture_output() as out:
         result = ip.run_cell(code)
     if not result.success:
         error = result.error_before_exec or result.error_in_exec
         pytest.fail(f"{where}\n{code}\n-> {type(error).__name__}: {error}\n{out.stdout[-2000:]}")
+    return out.outputs[-1].data.get("text/plain", "") if out.outputs else ""
 
 
 def offline(code: str) -> str:
@@ -266,8 +277,15 @@ def test_example_block_runs(block: Block):
             if setup is not None:
                 run(ip, setup, f"SETUP for {where}")
             started = time.perf_counter()
-            run(ip, offline(example.code), where)
+            shown = run(ip, offline(example.code), where)
             print(f"{where}: {time.perf_counter() - started:.2f} s")
+    if any(fragment in block.code for fragment in SHOWS_OUTPUT):
+        printed = next(b for b in blocks("") if b.doc == block.doc and b.line > block.line)
+        assert lines(shown) == lines(printed.code), f"{printed.id} is not what {block.id} shows"
+
+
+def lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.strip("\n").splitlines()]
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.config_file], ids=lambda b: b.id)
