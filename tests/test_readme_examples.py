@@ -3,20 +3,24 @@
 The fenced ```python blocks are read from the markdown, so the documents stay the source;
 nothing here copies a snippet. Each block runs in a fresh IPython shell with torchmagic
 loaded (a block that loads it itself, ``%load_ext torchmagic``, gets a shell without it)
-after PREAMBLE, the names the examples use:
+after PREAMBLE, which binds the names the examples use:
 
 - a block of magic lines (every line that is not a comment starts with ``%``) runs one
   magic line at a time, in order, in the one shell, so a failure names its line; comment
   lines below a magic (``#   tm.fit(...)``) belong to it;
 - any other block is one cell (IPython reads the ``%`` lines inside it);
 - a block headed ``# ipython_config.py`` is a config file: it runs with ``c`` a traitlets
-  ``Config``, and a shell built with that config loads the extension with those values.
+  ``Config``, and a shell built with that config loads the extension with those values;
+- the Python call docs/magics.md writes beside a magic (``# tm.freeze("layer1-3")``) runs
+  in a second fresh shell in the magic's place, on ``torchmagic.notebook_session()``.
 
-Every example must run without an error; a ``UsageError`` a magic prints counts as one.
-The exceptions are the small lists below, each keyed by a fragment of the example (its
-line in a block of magic lines, else its block) that must still be in the documents,
-each with its reason: SKIP (cannot run here), SETUP (code a reader would have run first),
-OFFLINE (a spelling that would download weights, and its offline equivalent).
+Every example must run without an error; a ``UsageError`` a magic prints counts as one
+(no example in the documents shows an error). The exceptions are the small tables below,
+each keyed by a fragment of exactly one example (its line in a block of magic lines, else
+its block) that must still be in the documents, each with its reason: SKIP (cannot run
+here), SETUP (code a reader would have run first), SLOW (marked ``slow``), SHOWS_OUTPUT
+(the document prints the example's output: it must match), OFFLINE (a spelling that
+would download weights, and its offline equivalent).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ SKIP = {
     # one line naming --weights none (tests/test_load_model.py checks that line).
     "%load_model resnet18 --num-classes 10": "downloads resnet18's DEFAULT weights",
     # fp16 autocast is refused on the CPU by design (tests/test_amp.py); it needs CUDA.
+    # The magic and its Python call are skipped; %amp off after it still runs.
     'tm.amp_on("fp16")': "fp16 autocast needs a CUDA device",
 }
 
