@@ -160,6 +160,24 @@ def test_quoted_glob_except_and_dry_run(ip):
     assert [n for n, p in model.named_parameters() if p.requires_grad] == ["fc.weight", "fc.bias"]
 
 
+def test_a_trailing_comment_is_not_an_argument(ip):
+    """docs/magics.md writes the Python call beside each magic as a comment
+    (``%freeze model.layer1-3  # tm.freeze("layer1-3")``); a ``#`` inside a word or in
+    quotes is still text, as in a shell."""
+    from torchmagic.magics.base import strip_comment
+
+    run(ip, SETUP)
+    model = ip.user_ns["model"]
+    run(ip, '%freeze model.layer1-3            # tm.freeze("layer1-3")')
+    run(ip, "%replace_head fc 10 #ten classes")
+    assert not any(p.requires_grad for p in model.layer3.parameters())
+    assert model.layer4[0].conv1.weight.requires_grad and model.fc.out_features == 10
+    assert strip_comment("# all of it") == ""
+    assert strip_comment("auto labels=C#,F# # two") == "auto labels=C#,F# "
+    assert strip_comment("model '#x' \\#y \"a #b\" c") == "model '#x' \\#y \"a #b\" c"
+    assert strip_comment("layer1 'a # b") == "layer1 'a # b"  # unclosed: the split refuses it
+
+
 def test_use_picks_the_current_model(ip):
     run(ip, SETUP + "other = torchvision.models.resnet18(weights=None)")
     with pytest.raises(UsageError, match="candidates: model, other"):

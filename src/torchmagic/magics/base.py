@@ -147,12 +147,32 @@ def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") ->
     return f"{message}; usage: {usage(real_name(magic), kind)}"
 
 
+def strip_comment(line: str) -> str:
+    """The line up to an unquoted ``#`` that starts a word, as a shell reads it: a comment
+    after a magic (``%freeze layer1-3  # the stem``) is not an argument. A ``#`` inside a
+    word (``labels=C#,F#``), in quotes or escaped stays."""
+    quote = ""
+    escaped = False
+    for i, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
 def parse(magic: MagicFunction, line: str) -> argparse.Namespace:
-    """argparse over shell-like tokens; options and targets may be interleaved. A line
-    the shell-like split cannot read (an unclosed quote, a trailing backslash) is one
-    ``UsageError``."""
+    """argparse over shell-like tokens; options and targets may be interleaved; a trailing
+    ``# comment`` is dropped. A line the shell-like split cannot read (an unclosed quote, a
+    trailing backslash) is one ``UsageError``."""
     try:
-        words = arg_split(line, posix=True)
+        words = arg_split(strip_comment(line), posix=True)
     except ValueError as error:  # shlex: "No closing quotation", "No escaped character"
         hint = "close the quote" if "quotation" in str(error) else "escape the backslash (\\\\)"
         raise UsageError(
