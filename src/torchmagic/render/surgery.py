@@ -229,8 +229,8 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     ]
     columns += [("BatchNorm", "left")] if with_bn else []
     columns += [("group", "left"), ("lr", "right")] if with_groups else []
-    # one column gives way when the rest do not fit: rich would narrow any wrapping
-    # column below its longest word, so the others are kept whole
+    # the group column gives way when the rest do not fit (its labels wrap at spaces);
+    # names, numbers and the BatchNorm counts stay on one line
     whole = [name for name, _ in columns if name != "group"]
     drawn = table(f"{report.model_name} ({report.model_kind})", columns, whole)
     for row in report.rows:
