@@ -36,6 +36,7 @@ class BoundModel:
 def _set_requires_grad(params: Sequence[nn.Parameter], flag: bool, tx: Transaction) -> None:
     changed = [p for p in params if p.requires_grad != flag]
     tx.add(lambda: [p.requires_grad_(not flag) for p in changed])
+    (tx.stops_after_undo if flag else tx.trains_after_undo).extend(changed)
     for p in changed:
         p.requires_grad_(flag)
 
@@ -442,6 +443,8 @@ def replace_head(
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
     tx.hold([*old_params, *(b for _, m in located for b in m.buffers())])
+    tx.trains_after_undo.extend(p for p in old_params if p.requires_grad)
+    tx.stops_after_undo.extend(new_params)
     notes = []
     for (name, old), new in zip(located, new_modules, strict=True):
         carried = _carry_hooks(old, new)
