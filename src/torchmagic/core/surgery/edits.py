@@ -141,6 +141,9 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     notes = tuple(
         f"{t.describe()}: it keeps training (freeze {t.other_modules} too to stop it)" for t in tied
     )
+    if bn_policy == "frozen" and (kinds := batchnorm.held_instead(selection)):
+        held_kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+        notes += (f"--bn frozen swaps BatchNorm2d only: {held_kinds} held in eval instead",)
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
         raise TorchMagicError(f"nothing to freeze: {why}")
