@@ -33,9 +33,11 @@ from torch import nn
 from torch.autograd import grad_mode
 
 import torchmagic.core
+import torchmagic.render
 from snapshots import assert_same
 from torchmagic import Session
 from torchmagic.core.surgery import optimizer_sync
+from torchmagic.core.surgery.results import Change
 from torchmagic.core.surgery.transaction import Transaction, Uninterrupted, uninterrupted
 from torchmagic.magics.extension import loaded
 
@@ -366,10 +368,14 @@ def test_magic_interrupted_while_rendering_says_it_was_applied(ip, monkeypatch):
     world = build()
     ip.user_ns.update(model=world.model, optimizer=world.opt)
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+    draw = torchmagic.render.render
 
-    monkeypatch.setattr("torchmagic.render.change", interrupted)
+    def interrupted(result, *args, **kwargs):  # Ctrl-C while the change is drawn
+        if isinstance(result, Change):
+            raise KeyboardInterrupt
+        return draw(result, *args, **kwargs)
+
+    monkeypatch.setattr("torchmagic.render.render", interrupted)
     with capture_output() as cap, pytest.raises(KeyboardInterrupt):
         ip.run_line_magic("freeze", "block1")
     assert "interrupted after %freeze block1 was applied" in cap.outputs[0].data["text/plain"]
