@@ -109,3 +109,25 @@ def test_frozen_then_unfreeze_keeps_affine_false_and_cumulative_momentum():
     bn = model[1]
     assert type(bn) is torch.nn.BatchNorm2d and not bn.affine and bn.momentum is None
     assert bn.weight is None and model[2] is no_stats and not no_stats.track_running_stats
+
+
+def test_frozen_policy_says_which_batchnorm_kinds_it_held_in_eval_instead():
+    """timm's BatchNormAct2d (EfficientNet, MobileNetV3…) is not a plain BatchNorm2d:
+    `--bn frozen` holds it in eval, and says so instead of reading as if it were swapped."""
+    from torch import nn
+
+    class BatchNormAct2d(nn.BatchNorm2d):  # the shape of timm's: a BatchNorm2d subclass
+        pass
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), BatchNormAct2d(4), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2)
+    )
+    model(torch.randn(2, 3, 8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    change = Session(model, opt).freeze("0-2", bn="frozen")
+    assert isinstance(model[2], FrozenBatchNorm2d)
+    assert type(model[1]) is BatchNormAct2d and not model[1].training
+    assert "--bn frozen swaps BatchNorm2d only: 1 BatchNormAct2d held in eval instead" in (
+        change.effect.notes
+    )

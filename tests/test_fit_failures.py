@@ -229,6 +229,38 @@ def test_ctrl_c_mid_step_finishes_that_step_and_stops():
     assert len(opt.state) == 6  # the step that saw Ctrl-C completed, momentum and all
 
 
+def test_the_progress_summary_of_an_interrupted_run_says_it_stopped():
+    """`history = %fit …` shows only the progress summary: a run cut by Ctrl-C in its
+    first epoch must not read as one epoch done and nothing else."""
+    from torchmagic import render
+
+    drawn = []
+
+    class Handle:
+        def update(self, rendered):
+            drawn.append(rendered)
+
+    def show(rendered):
+        drawn.append(rendered)
+        return Handle()
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = itertools.count(1)
+
+    def loss(output, target):
+        if next(calls) == 2:
+            ctrl_c()
+        return nn.functional.cross_entropy(output, target)
+
+    train, _ = loaders()
+    tm = Session(namespace={"model": model, "optimizer": opt, "loss": loss})
+    history = tm.fit(train, loss="loss", epochs=2, observer=render.NotebookProgress(show, 200))
+    assert history.steps == 2 < len(train)
+    last = str(drawn[-1]).splitlines()[-1]
+    assert last.endswith("· stopped: interrupted; the last completed step is 2")
+
+
 def test_ctrl_c_during_validation_trains_no_further_step():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

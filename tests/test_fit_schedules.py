@@ -175,6 +175,24 @@ def test_a_second_fit_continues_a_timm_schedule():
     assert rec.step_lrs == pytest.approx(expected_timm_lrs(False, 3))
 
 
+@pytest.mark.parametrize("t_in_epochs", [True, False])
+def test_a_timm_schedule_stepped_by_the_users_loop_continues_where_it_is(t_in_epochs):
+    """One epoch trained by hand as timm's own loop does it, then a fit of two: the fit
+    continues the schedule (it does not restart the warmup at t=1)."""
+    plan, sched, rec = timm_plan(t_in_epochs)
+    if t_in_epochs:
+        sched.step(1)
+    else:
+        for n in range(1, BATCHES + 1):
+            sched.step_update(num_updates=n)
+    plan.epochs = 2
+    fit(plan)
+    assert rec.step_lrs == pytest.approx(expected_timm_lrs(t_in_epochs, 3)[BATCHES:])
+    (choice,) = rec.start.schedules
+    t = 1 if t_in_epochs else BATCHES
+    assert choice.reason == f"t_in_epochs={t_in_epochs}; continues at t={t} (read from its lr)"
+
+
 def test_the_first_line_of_the_run_says_when_each_scheduler_steps():
     import io
 

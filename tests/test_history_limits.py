@@ -140,6 +140,35 @@ def test_undo_refuses_when_an_optimizer_appeared_since_a_command_without_one():
     assert all(p.requires_grad for p in model.body.parameters())
 
 
+def test_undo_goes_ahead_when_the_optimizer_made_since_holds_every_parameter():
+    """`del optimizer`, a freeze, `optimizer = SGD(model.parameters())` (frozen ones too):
+    undoing the freeze trains only what the new optimizer holds, so it is not refused."""
+    model = make_model()
+    ns = {"model": model}
+    tm = Session(namespace=ns)
+    tm.freeze("body")
+    ns["optimizer"] = new = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm.undo()
+    assert all(p.requires_grad for p in model.parameters())
+    assert len(new.param_groups[0]["params"]) == len(list(model.parameters()))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    new.step()
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_undo_of_an_unfreeze_without_optimizer_refuses_when_the_new_one_holds_the_block():
+    model = make_model()
+    ns = {"model": model}
+    tm = Session(namespace=ns)
+    tm.freeze("body")
+    tm.unfreeze("body")
+    ns["optimizer"] = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TorchMagicError, match="no longer train"):
+        tm.undo()
+    assert all(p.requires_grad for p in model.body.parameters())
+
+
 # -- the cap -----------------------------------------------------------------------------
 
 

@@ -47,7 +47,11 @@ def test_rebinding_the_variable_is_picked_up(resnet):
     entries = tm.history()
     assert [e.live for e in entries] == [False, True]
     tm.undo()  # undoes layer2 on the fresh model
-    with pytest.raises(TorchMagicError, match="nothing to undo"):
+    with pytest.raises(
+        TorchMagicError,
+        match=r"nothing to undo: freeze\('layer1'\) changed the model 'model' named before it "
+        r"was re-bound \(its cell re-run\), not the one it names now",
+    ):
         tm.undo()  # the stale entry is never replayed on the new object
 
 

@@ -225,3 +225,33 @@ def test_a_free_parameter_in_the_optimizer_is_not_stale():
     opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.1)
     findings = diagnose({"model": model, "temperature": temperature, "opt": opt}).findings
     assert not [f for f in findings if f.check == "stale-optimizer"]
+
+
+def test_backbone_and_head_in_one_optimizer_survive_freezing_the_whole_backbone():
+    """``backbone`` and ``head`` bound apart, one optimizer over both (linear probing, then
+    fine-tuning): once the backbone is frozen whole, the optimizer holds only the head's
+    parameters, yet it is still the backbone's (the same objects): unfreezing goes back in."""
+    backbone, head = make(), nn.Linear(3, 2)
+    opt = torch.optim.AdamW(
+        [{"params": backbone.parameters(), "lr": 1e-4}, {"params": head.parameters()}], lr=1e-3
+    )
+    ns = {"backbone": backbone, "head": head, "optimizer": opt}
+    tm = Session(namespace=ns)
+    tm.freeze("backbone")
+    assert opt.param_groups[0]["params"] == []
+    tm.unfreeze("backbone.layer3", lr=5e-5)
+    layer3 = [id(p) for p in backbone.layer3.parameters()]
+    assert [id(p) for p in opt.param_groups[-1]["params"]] == layer3
+    before = [p.detach().clone() for p in backbone.layer3.parameters()]
+    head(backbone(torch.randn(4, 4))).sum().backward()
+    opt.step()
+    moved = zip(before, backbone.layer3.parameters(), strict=True)
+    assert all(not torch.equal(b, p) for b, p in moved)
+    tm.freeze("backbone.layer3")
+    tm.unfreeze("backbone.layer3", optimizer="optimizer")  # named: the same answer
+    assert [id(p) for p in opt.param_groups[-1]["params"]] == layer3  # home again
+    # re-created for the head alone: no longer the backbone's
+    tm.freeze("backbone")
+    ns["optimizer"] = torch.optim.AdamW(head.parameters(), lr=1e-3)
+    with pytest.raises(TorchMagicError, match="it trains 'head'"):
+        tm.unfreeze("backbone.layer3", lr=5e-5)

@@ -80,6 +80,28 @@ def test_cell_amp_bad_mode_runs_nothing(ip, words, fragment):
     assert not torchmagic.notebook_session().amp.enabled
 
 
+def test_what_fit_and_lr_find_return_reads_like_the_result_they_show(ip):
+    """docs: `%fit` returns the run's history (``history.epochs``, ``.steps``…), the
+    lr_find result holds ``lrs``, ``losses``, ``suggestion``; `h = %fit …` is the habit."""
+    run(ip, SETUP)
+    with capture_output():
+        run(ip, "h = %fit train --val val --epochs 2")
+        run(ip, "r = %lr_find train --steps 5")
+    h, r = ip.user_ns["h"], ip.user_ns["r"]
+    (history,) = h.histories
+    assert h.epochs == history.epochs and h.steps == history.steps > 0
+    assert h.stop_reason is None and h.epochs[-1].val_accuracy is not None
+    assert r.lrs == r.result.lrs and len(r.losses) == len(r.lrs) >= 2
+    assert r.suggestion == r.result.suggestion
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        h.nonsense  # noqa: B018
+    with capture_output():
+        run(ip, "%fit train --epochs 1")
+        fits = run(ip, "%tm fits")
+    with pytest.raises(AttributeError):  # several runs: no one history to read
+        fits.epochs  # noqa: B018
+
+
 def test_fit_shows_progress_and_returns_history(ip):
     run(ip, SETUP)
     with capture_output() as cap:

@@ -427,11 +427,19 @@ class Session:
             assert model is not None  # bound: not stale
             name, now = self.workspace.resolve_optimizer(record.change.model_name, model)
             if now is not None:
-                raise TorchMagicError(
-                    f"cannot undo {command}: it ran without an optimizer and '{name}' holds "
-                    f"the model's parameters now; undoing would make parameters trainable "
-                    f"that it does not hold; {fix}"
-                )
+                held = {id(p) for g in now.param_groups for p in g["params"]}
+                missing = sum(id(p) not in held for p in record.tx.trains_after_undo)
+                kept = sum(id(p) in held for p in record.tx.stops_after_undo)
+                if missing or kept:
+                    what = (
+                        f"make {missing} parameter tensors trainable that it does not hold"
+                        if missing
+                        else f"leave {kept} parameter tensors in it that would no longer train"
+                    )
+                    raise TorchMagicError(
+                        f"cannot undo {command}: it ran without an optimizer and '{name}' "
+                        f"holds the model's parameters now; undoing would {what}; {fix}"
+                    )
         reason = record.tx.refusal()
         if reason:
             raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")

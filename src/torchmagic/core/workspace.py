@@ -37,6 +37,10 @@ class Workspace:
         # the model object each ``optimizer_of`` entry was made for: a rebound variable
         # (the model cell re-run) must not inherit the old model's optimizer
         self._remembered_for: dict[str, weakref.ref] = {}
+        # the optimizer object each ``optimizer_of`` entry named: one holding other models'
+        # parameters too (``backbone`` and ``head`` apart) stays the model's once a freeze
+        # has taken all of the model's out of it, until the name is bound to another
+        self._used_optimizer: dict[str, weakref.ref] = {}
 
     def items(self) -> Iterator[tuple[str, object]]:
         """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
@@ -170,6 +174,23 @@ class Workspace:
         also once a freeze has emptied it."""
         self.optimizer_of[model_name] = optimizer_name
         self._remembered_for[model_name] = weakref.ref(unwrap(model))
+        optimizer = self.namespace.get(optimizer_name)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self._used_optimizer[model_name] = weakref.ref(optimizer)
+        else:
+            self._used_optimizer.pop(model_name, None)
+
+    def _still_used(self, model_name: str, model: nn.Module, optimizer: object) -> bool:
+        """Whether ``optimizer`` is the very object the last command on this very model
+        object used (neither the model nor the optimizer was re-created since)."""
+        made_for = self._remembered_for.get(model_name)
+        used = self._used_optimizer.get(model_name)
+        return (
+            made_for is not None
+            and made_for() is unwrap(model)
+            and used is not None
+            and used() is optimizer
+        )
 
     def resolve_optimizer(
         self, model_name: str, model: nn.Module, name: str | None = None
@@ -191,7 +212,8 @@ class Workspace:
                     f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
                 )
             if not _empty(value) and not _holds(value, ids):
-                raise self._stale(name, value, model_name)
+                if not self._still_used(model_name, model, value):
+                    raise self._stale(name, value, model_name)
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
@@ -211,7 +233,7 @@ class Workspace:
         if remembered is not None and isinstance(value, torch.optim.Optimizer):
             made_for = self._remembered_for.get(model_name)
             rebound = made_for is not None and made_for() is not unwrap(model)
-            if rebound or not _empty(value):
+            if rebound or (not _empty(value) and not self._still_used(model_name, model, value)):
                 raise self._stale(remembered, value, model_name)
             return remembered, value
         return None, None

@@ -10,6 +10,7 @@ text colour) and the lines use mid-tone colours that read on light and dark them
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -103,6 +104,13 @@ class LrFindView(Rendered):
     def __init__(self, result: LrFindResult, width: int | None = None) -> None:
         super().__init__(Group(*_lines(result)), width)
         self.result = result
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads like the result it shows (``r = %lr_find …`` then ``r.suggestion``)."""
+        result = self.__dict__.get("result")
+        if not name.startswith("_") and result is not None:
+            return getattr(result, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None

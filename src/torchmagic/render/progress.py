@@ -69,6 +69,7 @@ class FitProgress:
         self.validating: tuple[int, int | None] | None = None  # (epoch, batches)
         self.epochs: list[EpochMetrics] = []
         self.unfrozen: list[Unfrozen] = []
+        self.stopped: str | None = None  # why the run ended early
 
     # -- events --------------------------------------------------------------------
 
@@ -90,6 +91,9 @@ class FitProgress:
 
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.unfrozen.append(event)
+
+    def on_stop(self, message: str) -> None:
+        self.stopped = message
 
     # -- drawing -------------------------------------------------------------------
 
@@ -160,6 +164,8 @@ class FitProgress:
             line.append(f" · train loss {last.train_loss:.4g}")
             if last.val_accuracy is not None:
                 line.append(f" · val acc {100 * last.val_accuracy:.1f}%")
+        if self.stopped is not None:  # a partial last epoch is counted: say it was cut
+            line.append(f" · stopped: {self.stopped}")
         parts: list[RenderableType] = []
         if self.start is not None:
             parts.append(Text(_start_text(self.start), style=theme.style("dim")))
@@ -210,6 +216,9 @@ class NotebookProgress:
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.state.on_unfreeze(event)
         self._draw(self.state.view())
+
+    def on_stop(self, message: str) -> None:
+        self.state.on_stop(message)
 
     def close(self) -> None:
         """The live view becomes the one-line summary (nothing, if nothing was drawn)."""
@@ -266,6 +275,9 @@ class TerminalProgress:
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.state.on_unfreeze(event)
         self._draw()
+
+    def on_stop(self, message: str) -> None:
+        self.state.on_stop(message)
 
     def close(self) -> None:
         if self.running:

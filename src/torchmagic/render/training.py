@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -85,6 +86,14 @@ class HistoryView(Rendered):
     ) -> None:
         super().__init__(renderable, width)
         self.histories = tuple(histories)
+
+    def __getattr__(self, name: str) -> Any:
+        """A view of one run reads like its history (``history = %fit …`` then
+        ``history.epochs``, ``.steps``, ``.stop_reason``)."""
+        histories = self.__dict__.get("histories", ())
+        if not name.startswith("_") and len(histories) == 1:
+            return getattr(histories[0], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None

@@ -172,6 +172,18 @@ def _swap_all(root: nn.Module, names: list[str], new: nn.Module, tx: Transaction
         _swap(root, name, new, tx)
 
 
+def held_instead(selection: Selection) -> Counter:
+    """The BatchNorm kinds of the selection that the ``frozen`` policy holds in eval
+    instead of swapping (not a plain BatchNorm2d with running statistics), by class name."""
+    return Counter(
+        type(bn).__name__
+        for _, bn in _named_batchnorms(selection)
+        if isinstance(bn, _BatchNorm)
+        and not (type(bn) is nn.BatchNorm2d and bn.track_running_stats)
+        and not is_held(bn)
+    )
+
+
 def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
     """Apply ``policy`` to every BatchNorm inside a block being frozen; count the modes."""
     modes: Counter = Counter()

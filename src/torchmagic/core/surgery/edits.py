@@ -36,6 +36,7 @@ class BoundModel:
 def _set_requires_grad(params: Sequence[nn.Parameter], flag: bool, tx: Transaction) -> None:
     changed = [p for p in params if p.requires_grad != flag]
     tx.add(lambda: [p.requires_grad_(not flag) for p in changed])
+    (tx.stops_after_undo if flag else tx.trains_after_undo).extend(changed)
     for p in changed:
         p.requires_grad_(flag)
 
@@ -140,6 +141,9 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
     notes = tuple(
         f"{t.describe()}: it keeps training (freeze {t.other_modules} too to stop it)" for t in tied
     )
+    if bn_policy == "frozen" and (kinds := batchnorm.held_instead(selection)):
+        held_kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+        notes += (f"--bn frozen swaps BatchNorm2d only: {held_kinds} held in eval instead",)
     if not params and not any(is_batchnorm(m) for m in selection.modules()):
         why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
         raise TorchMagicError(f"nothing to freeze: {why}")
@@ -442,6 +446,8 @@ def replace_head(
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
     tx.hold([*old_params, *(b for _, m in located for b in m.buffers())])
+    tx.trains_after_undo.extend(p for p in old_params if p.requires_grad)
+    tx.stops_after_undo.extend(new_params)
     notes = []
     for (name, old), new in zip(located, new_modules, strict=True):
         carried = _carry_hooks(old, new)

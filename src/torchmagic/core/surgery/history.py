@@ -119,6 +119,12 @@ class History:
         for record in reversed(self._records):
             if record.stale != REBOUND:
                 return record
+        if self._records:  # the model cell re-run: say why the commands above do not count
+            last = self._records[-1].change
+            raise TorchMagicError(
+                f"nothing to undo: {last.command} changed the model '{last.model_name}' "
+                "named before it was re-bound (its cell re-run), not the one it names now"
+            )
         raise TorchMagicError("nothing to undo")
 
     def nbytes(self, device_type: str | None = None) -> int:

@@ -56,6 +56,11 @@ class Transaction:
         self._checks: list[Callable[[], str | None]] = []
         self._held: list[torch.Tensor] = []
         self._nbytes: dict[str | None, int] = {}  # by device type, until more is held
+        # parameters the undo makes trainable (or puts back into the model trainable), and
+        # those it freezes (or takes out of the model): checked against an optimizer made
+        # after a command that ran without one
+        self.trains_after_undo: list[torch.Tensor] = []
+        self.stops_after_undo: list[torch.Tensor] = []
 
     def add(self, inverse: Step) -> None:
         """Record ``inverse`` (its return value is ignored). Register it before the

@@ -821,6 +821,9 @@ class _Trainer:
                 best_epoch = self._keep_best(epochs)
         finally:
             _clear_grads(plan.model, plan.optimizer)
+            stopped = getattr(plan.observer, "on_stop", None)  # optional for observers
+            if self.stop_message is not None and stopped is not None:
+                stopped(self.stop_message)
             plan.observer.close()
         return FitHistory(
             label=plan.label,

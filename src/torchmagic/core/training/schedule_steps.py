@@ -18,6 +18,7 @@ epoch, decided per scheduler from what its schedule counts.
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +34,9 @@ _TRANSFORMERS_SCHEDULES = "transformers.optimization"
 # timm schedulers keep no clock: the training loop passes the epoch or update count in.
 # The count each scheduler has reached under torchmagic, so a second fit continues it.
 _TIMM_CLOCKS: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+# How far a timm clock is looked for from the lr (a schedule stepped by the user's loop):
+# epochs, updates; never past the end of the schedule's cycles when it says where that is.
+_CLOCK_SEARCH = {True: 10_000, False: 200_000}
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,54 @@ class _PlateauStepper(_Stepper):
         self.scheduler.step(loss)  # type: ignore[attr-defined]
 
 
+def _timm_at(scheduler: object, t: int) -> bool | None:
+    """Whether the first param group's value is what the timm scheduler sets at ``t``
+    (None: its values cannot be read, e.g. timm's plateau scheduler)."""
+    try:
+        values = scheduler._get_lr(t)  # type: ignore[attr-defined]
+        group = scheduler.optimizer.param_groups[0]  # type: ignore[attr-defined]
+        value = values[0] if isinstance(values, (list, tuple)) else values
+        expected = float(value) * float(group.get("lr_scale", 1.0))
+        now = float(group[scheduler.param_group_field])  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a scheduler whose values cannot be read here
+        return None
+    return math.isclose(now, expected, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def timm_clock(scheduler: object) -> tuple[int, str]:
+    """The ``t`` a timm scheduler last set, and a note when it was read from the lr.
+
+    timm schedulers keep no clock: the count torchmagic stepped it to is kept, but a
+    schedule stepped by the user's own loop (``scheduler.step(epoch + 1)``) is found from
+    the lr it set: the first ``t`` whose value is the first group's lr now. When neither
+    fits (the lr was set by hand, noise), the count torchmagic knows (0 if none)."""
+    known = _TIMM_CLOCKS.get(scheduler)
+    start = known if known is not None else 0
+    here = _timm_at(scheduler, start)
+    if here is None or here:
+        return start, ""
+    limit = _CLOCK_SEARCH[bool(scheduler.t_in_epochs)]  # type: ignore[attr-defined]
+    length = getattr(scheduler, "get_cycle_length", None)
+    if callable(length):
+        end = int(length()) + int(getattr(scheduler, "warmup_t", 0) or 0) + 1
+        limit = min(limit, end)
+    for t in range(limit + 1):
+        if t != start and _timm_at(scheduler, t):
+            return t, f"continues at t={t} (read from its lr)"
+    return start, ""
+
+
 class _TimmStepper(_Stepper):
     """timm's ``t`` counts what the scheduler is stepped by: ``step(t)`` reads it as
     epochs when ``t_in_epochs``, ``step_update(t)`` as updates otherwise."""
 
+    def __init__(self, scheduler: object, every: SchedStep, clock: int) -> None:
+        super().__init__(scheduler, every)
+        self.clock = clock
+
     def advance(self, loss: float | None) -> None:
-        t = _TIMM_CLOCKS.get(self.scheduler, 0) + 1
-        _TIMM_CLOCKS[self.scheduler] = t
+        self.clock += 1
+        t = _TIMM_CLOCKS[self.scheduler] = self.clock
         if self.scheduler.t_in_epochs:  # type: ignore[attr-defined]
             self.scheduler.step(t, loss)  # type: ignore[attr-defined]
         else:
@@ -144,8 +189,12 @@ def plan_schedules(schedulers: list, override: SchedStep | None) -> SchedulePlan
         every, reason = _natural(scheduler)
         if override is not None:
             every, reason = override, f"sched_step={override!r}"
-        kind = _TimmStepper if is_timm_scheduler(scheduler) else _Stepper
-        steppers.append(kind(scheduler, every))
+        if is_timm_scheduler(scheduler):
+            clock, note = timm_clock(scheduler)
+            reason = f"{reason}; {note}" if note else reason
+            steppers.append(_TimmStepper(scheduler, every, clock))
+        else:
+            steppers.append(_Stepper(scheduler, every))
         choices.append(ScheduleChoice(name, every, reason))
     return SchedulePlan(
         per_batch=tuple(s for s in steppers if s.every == "batch"),
