@@ -277,3 +277,15 @@ def test_ctrl_c_during_validation_trains_no_further_step():
     history = Session(model, opt).fit(train, val=Val(), epochs=3)
     assert history.steps == len(train) and history.stop_reason is StopReason.INTERRUPTED
     assert history.epochs[0].val_loss is not None
+
+
+def test_the_python_api_takes_the_loss_object_itself():
+    """``tm.fit(train, loss=criterion)`` as a script writes it; a class or a non-callable
+    is one clear refusal that changes nothing."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train, _ = loaders()
+    tm = Session(model, opt)
+    assert tm.fit(train, loss=nn.CrossEntropyLoss(), max_steps=1).steps == 1
+    _unchanged(model, opt, lambda: tm.fit(train, loss=nn.CrossEntropyLoss), "a class", "loss")
+    _unchanged(model, opt, lambda: tm.fit(train, loss=3), "name or a loss function", "loss")

@@ -166,6 +166,40 @@ def test_stops_when_the_smoothed_loss_diverges():
     assert result.suggestion <= result.min_lr
 
 
+def test_a_run_that_reaches_its_last_step_did_not_stop_early():
+    """Divergence seen on the last step is no early stop: every step ran."""
+    calls = []
+
+    def jumps_at_the_last_step(output, target):
+        calls.append(1)
+        loss = nn.functional.cross_entropy(output, target)
+        return loss * (1000.0 if len(calls) == 12 else 0.0) + 1.0
+
+    tm, *_ = setup(scheduler=False)
+    result = tm.lr_find(loader(), steps=12, loss=jumps_at_the_last_step)  # a callable
+    assert len(result.lrs) == 12 and result.smoothed[-1] > 4 * min(result.smoothed)
+    assert result.stopped is None
+    calls.clear()
+    result = tm.lr_find(loader(), steps=13, loss=jumps_at_the_last_step)
+    assert len(result.lrs) == 12 and "4×" in result.stopped  # one step short: early
+
+
+def test_progress_counts_lr_find_in_steps_not_epochs():
+    """lr_find cycles the loader: its progress names no epochs."""
+    from torchmagic.render import Rendered
+    from torchmagic.render.progress import FitProgress
+
+    tm, *_ = setup(scheduler=False)
+    progress = FitProgress(clock=lambda: 0.0)
+    progress.refresh_seconds = 0.0
+    progress.close = lambda: None
+    tm.lr_find(loader(), steps=25, observer=progress)  # 10 batches per pass: 2.5 passes
+    first, last = str(Rendered(progress.summary(), 100)).splitlines()
+    assert first.startswith("lr_find · model · fp32 · max 25 steps")
+    assert "epoch" not in first + last
+    assert last == "lr_find: finished in 00:00"
+
+
 def explode(output, target):
     """A loss that becomes inf once the logits grow."""
     loss = nn.functional.cross_entropy(output, target)

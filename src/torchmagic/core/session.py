@@ -596,7 +596,7 @@ class Session:
         *,
         model: str | None = None,
         optimizer: str | None = None,
-        loss: str = "cross_entropy",
+        loss: str | Callable = "cross_entropy",
         steps: int = 5,
     ) -> CompareReport:
         """Time a few real training steps of copies of the (current) model, with its
@@ -722,7 +722,7 @@ class Session:
         *,
         model: str | None,
         val: object | None,
-        loss: str,
+        loss: str | Callable,
         optimizer: str | None,
         label: str,
     ) -> tuple[edits.BoundModel, FitPlan]:
@@ -777,7 +777,7 @@ class Session:
         val: object | None = None,
         epochs: int = 1,
         max_steps: int | None = None,
-        loss: str = "cross_entropy",
+        loss: str | Callable = "cross_entropy",
         cache_features: bool = False,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
@@ -885,7 +885,7 @@ class Session:
         apply: bool = False,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
-        loss: str = "cross_entropy",
+        loss: str | Callable = "cross_entropy",
     ) -> LrFindResult:
         """The lr range test on what is trainable now (see ``core.training.lr_find``):
         every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
@@ -930,7 +930,7 @@ class Session:
         freeze_epochs: int = 1,
         lr: float | None = None,
         model: str | None = None,
-        loss: str = "cross_entropy",
+        loss: str | Callable = "cross_entropy",
         optimizer: str | None = None,
         observer: FitObserver | None = None,
         sched_step: SchedStep | None = None,

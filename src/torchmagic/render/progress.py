@@ -42,7 +42,7 @@ def _start_text(start: FitStart) -> str:
     return (
         f"{start.label} · {start.model_name} · {start.precision}"
         + (" · cached features" if start.cached_features else "")
-        + f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}"
+        + (f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}" if start.epochs else "")
         + (f" · max {start.max_steps} steps" if start.max_steps is not None else "")
         + f" · schedulers: {schedules or 'none'}"
     )
@@ -154,9 +154,11 @@ class FitProgress:
         label = self.start.label if self.start is not None else "%fit"
         total = f" of {self.total_epochs}" if self.total_epochs else ""
         done = len(self.epochs)
+        count = f"{done}{total} epoch{'s' if (self.total_epochs or done) != 1 else ''} in "
+        if self.total_epochs == 0:  # counted in steps: the result says how many ran
+            count = "finished in "
         line = Text(
-            f"{label}: {done}{total} epoch{'s' if (self.total_epochs or done) != 1 else ''} in "
-            f"{clock_text(self.clock() - self.started)}",
+            f"{label}: {count}{clock_text(self.clock() - self.started)}",
             style=theme.style("dim"),
         )
         if self.epochs:

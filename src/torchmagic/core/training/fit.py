@@ -88,7 +88,7 @@ class FitStart:
 
     label: str
     model_name: str
-    epochs: int
+    epochs: int  # 0: a run counted in steps only (lr_find)
     max_steps: int | None
     precision: str
     cached_features: bool
@@ -224,9 +224,17 @@ def _user_defined(value: object) -> bool:
     return module.partition(".")[0] not in _NOT_USER_MODULES
 
 
-def resolve_loss(name: str, namespace: Mapping[str, object]) -> Callable:
-    """A loss by name (``cross_entropy``, ``mse``…) or a callable the user bound to a
-    variable (a function, ``nn.CrossEntropyLoss()``…)."""
+def resolve_loss(name: str | Callable, namespace: Mapping[str, object]) -> Callable:
+    """A loss by name (``cross_entropy``, ``mse``…), a callable the user bound to a
+    variable (a function, ``nn.CrossEntropyLoss()``…), or, from Python, that callable."""
+    if not isinstance(name, str):
+        if isinstance(name, type) or not callable(name):
+            raise TorchMagicError(
+                f"loss must be a name or a loss function, got the {type(name).__name__} "
+                f"{name!r}" + (" (a class: pass an instance)" if isinstance(name, type) else ""),
+                param="loss",
+            )
+        return name
     if name in LOSSES:
         return LOSSES[name]
     value = None if name.startswith("_") else namespace.get(name)

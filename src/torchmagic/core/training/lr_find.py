@@ -229,7 +229,8 @@ def find_lr(
     observer = plan.observer
     interrupted: list[int] = []
     precision = plan.amp.status().dtype or "fp32"
-    observer.on_start(FitStart(plan.label, plan.model_name, 1, steps, precision, False, ()))
+    # epochs 0: a run counted in steps (the loader is cycled), drawn without epochs
+    observer.on_start(FitStart(plan.label, plan.model_name, 0, steps, precision, False, ()))
     observer_start = last_redraw = perf_counter()
     source = plan.batch_source()
     try:
@@ -253,7 +254,7 @@ def find_lr(
                     lrs.append(lr)
                     losses.append(loss)
                     smoothed.append(value)
-                    if value > DIVERGENCE * min(smoothed):
+                    if value > DIVERGENCE * min(smoothed) and step < steps:
                         stopped = (
                             f"the smoothed loss passed {DIVERGENCE:g}× its minimum at lr {lr:.3g}"
                         )
