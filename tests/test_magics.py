@@ -7,6 +7,7 @@ from traitlets.config import Config
 
 from cuda_fakes import cuda_initialised_after
 from snapshots import assert_same, snapshot
+from torchmagic.magics.extension import loaded
 
 SETUP = """
 import torch, torchvision
@@ -172,6 +173,8 @@ def test_a_trailing_comment_is_not_an_argument(ip):
     run(ip, "%replace_head fc 10 #ten classes")
     assert not any(p.requires_grad for p in model.layer3.parameters())
     assert model.layer4[0].conv1.weight.requires_grad and model.fc.out_features == 10
+    commands = [e.command for e in loaded(ip).session.history()]
+    assert commands == ["%freeze model.layer1-3", "%replace_head fc 10"]  # no comments kept
     assert strip_comment("# all of it") == ""
     assert strip_comment("auto labels=C#,F# # two") == "auto labels=C#,F# "
     assert strip_comment("model '#x' \\#y \"a #b\" c") == "model '#x' \\#y \"a #b\" c"

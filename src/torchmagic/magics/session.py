@@ -11,7 +11,7 @@ from .. import render
 from ..core.surgery.results import CommandHistory
 from ..manifest import load_manifest
 from ..render.base import human_bytes
-from .base import Subcommand, TopicMagics, parse, subcommands
+from .base import Subcommand, TopicMagics, parse, strip_comment, subcommands
 
 
 @magics_class
@@ -70,5 +70,5 @@ class SessionMagics(TopicMagics):
         current model, compare every %fit run side by side, diagnose the classic
         transfer-learning mistakes, show this table."""
         args = parse(self.tm, line)
-        with self.interrupts(f"%tm {line.strip()}"):
+        with self.interrupts(f"%tm {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.tm, args.words, args))

@@ -11,7 +11,7 @@ from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
 from ..core.surgery.grammar import parse_count, parse_labels, parse_lr, parse_weight_decay
-from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse
+from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse, strip_comment
 
 _COUNT = re.compile(r"^[+-]?[0-9]+$")  # a word that is meant as the class count N
 
@@ -79,7 +79,7 @@ class SurgeryMagics(TopicMagics):
         """Stop training modules: requires_grad off, grads dropped, parameters out of the
         optimizer (state kept for undo), BatchNorm held in eval."""
         args = parse(self.freeze, line)
-        with self.interrupts(f"%freeze {line.strip()}"):
+        with self.interrupts(f"%freeze {strip_comment(line).strip()}"):
             with self.refusals(self.freeze):
                 if not args.targets and not args.exclude:
                     raise TorchMagicError("name what to freeze", param="targets")
@@ -89,7 +89,7 @@ class SurgeryMagics(TopicMagics):
                     bn=args.bn,
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
-                    command=f"%freeze {line.strip()}",
+                    command=f"%freeze {strip_comment(line).strip()}",
                 )
             self.show(render.render(result, self.width))
 
@@ -109,7 +109,7 @@ class SurgeryMagics(TopicMagics):
         """Train modules again, each selected block in its own named param group; lr=A:B
         spreads lrs geometrically over the blocks."""
         args = parse(self.unfreeze, line)
-        with self.interrupts(f"%unfreeze {line.strip()}"):
+        with self.interrupts(f"%unfreeze {strip_comment(line).strip()}"):
             with self.refusals(self.unfreeze):
                 targets, options = self.split(self.unfreeze, args.targets)
                 if not targets:
@@ -120,7 +120,7 @@ class SurgeryMagics(TopicMagics):
                     exclude=args.exclude,
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
-                    command=f"%unfreeze {line.strip()}",
+                    command=f"%unfreeze {strip_comment(line).strip()}",
                 )
             self.show(render.render(result, self.width))
 
@@ -147,7 +147,7 @@ class SurgeryMagics(TopicMagics):
         on the old head's device and dtype; the old parameters leave the optimizer, the
         new ones train in the old head's group."""
         args = parse(self.replace_head, line)
-        with self.interrupts(f"%replace_head {line.strip()}"):
+        with self.interrupts(f"%replace_head {strip_comment(line).strip()}"):
             with self.refusals(self.replace_head):
                 spec, options = self.split(self.replace_head, args.spec)
                 labels = options.get("labels")
@@ -168,7 +168,7 @@ class SurgeryMagics(TopicMagics):
                     dropout=args.dropout,
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
-                    command=f"%replace_head {line.strip()}",
+                    command=f"%replace_head {strip_comment(line).strip()}",
                 )
             self.show(render.render(result, self.width))
 
