@@ -29,7 +29,7 @@ from ..errors import TorchMagicError
 from ..modules import unwrap
 from ..rng import preserved_rng
 from ..tensors import leaves, nbytes, state_bytes, total_bytes
-from ..training.data import split_batch, to_device
+from ..training.data import call_model, split_batch, to_device
 from . import hostmem
 from .device import _mps_available, cuda_note, resolve_device
 
@@ -227,7 +227,7 @@ def _time_on(
             y = to_device(targets, device, pinned)
             _sync(device)
             copied = time.perf_counter()
-            output = replica(x)
+            output = call_model(replica, x)
             output = getattr(output, "logits", output)  # Inception-style namedtuples
             loss_fn(output, y).backward()
             fresh.step()
@@ -303,7 +303,7 @@ def compare(
     return CompareReport(
         model_name=model_name,
         batch_size=len(targets) if hasattr(targets, "__len__") else 1,
-        batch_bytes=total_bytes(leaves(batch)),
+        batch_bytes=total_bytes(leaves((inputs, targets))),
         steps=steps,
         warmup=warmup,
         optimizer=optimizer_name,

@@ -3,7 +3,7 @@ next epoch will visit, and whether its transforms are random."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,15 +30,26 @@ _RANDOM_TRANSFORMS = frozenset(
 )
 
 
+class KeywordInputs(dict):
+    """Inputs a model takes as keyword arguments: a Hugging Face text batch without its
+    labels (``input_ids``, ``attention_mask``…), called as ``model(**inputs)``."""
+
+
+def call_model(model: Callable[..., Any], inputs: Any) -> Any:
+    """The model's output for one batch's inputs, however the batch passes them."""
+    return model(**inputs) if isinstance(inputs, KeywordInputs) else model(inputs)
+
+
 def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """Tensors of a batch (nested in tuples, lists, dicts) on ``device``."""
+    """Tensors of a batch (nested in tuples, lists, mappings) on ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, (list, tuple)):
         moved = [to_device(b, device, non_blocking) for b in batch]
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        items = {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+        return KeywordInputs(items) if isinstance(batch, KeywordInputs) else items
     return batch
 
 
@@ -52,23 +63,29 @@ _PAIR_KEYS = (
 
 
 def split_batch(batch: Any, param: str = "train") -> tuple[Any, torch.Tensor]:
-    """(inputs, targets) from the usual batch shapes: ``(x, y)`` or a dict with one of the
-    key pairs above; ``param`` names the argument the batch came from."""
+    """(inputs, targets) from the usual batch shapes: ``(x, y)``, a mapping with one of the
+    key pairs above (a dict, or the ``BatchEncoding`` a Hugging Face collator returns), or a
+    text batch: ``input_ids`` with ``labels``, the rest of the batch passed as keywords
+    (:class:`KeywordInputs`). ``param`` names the argument the batch came from."""
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[0], batch[1]
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         for xk, yk in _PAIR_KEYS:
             if xk in batch and yk in batch:
                 return batch[xk], batch[yk]
+        if "input_ids" in batch and "labels" in batch:
+            keywords = KeywordInputs((k, v) for k, v in batch.items() if k != "labels")
+            return keywords, batch["labels"]
     if isinstance(batch, (list, tuple)):
         shape = f"a {type(batch).__name__} of {len(batch)}"
-    elif isinstance(batch, dict):
-        shape = f"a dict with keys {', '.join(map(str, batch))}"
+    elif isinstance(batch, Mapping):
+        shape = f"a {type(batch).__name__} with keys {', '.join(map(str, batch))}"
     else:
         shape = f"a {type(batch).__name__}"
     pairs = ", ".join(f"{x}/{y}" for x, y in _PAIR_KEYS)
     raise TorchMagicError(
-        f"{param} must yield (inputs, targets) batches or dicts with {pairs}; got {shape}",
+        f"{param} must yield (inputs, targets) batches, mappings with {pairs}, or text "
+        f"batches with input_ids/labels; got {shape}",
         param=param,
     )
 

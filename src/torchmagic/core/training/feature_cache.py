@@ -17,7 +17,7 @@ from ..errors import TorchMagicError
 from ..modules import is_batchnorm
 from ..surgery import batchnorm, heads
 from ..tensors import nbytes
-from .data import random_transforms
+from .data import call_model, random_transforms
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def capture_head_input(
 
     handle = head.register_forward_pre_hook(hook)
     try:
-        output = model(inputs)
+        output = call_model(model, inputs)
     finally:
         handle.remove()
     if len(captured) != 1:

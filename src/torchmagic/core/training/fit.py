@@ -49,7 +49,7 @@ from ..errors import TorchMagicError
 from ..modules import walk
 from . import feature_cache
 from .amp import AmpController
-from .data import load_batch, next_epoch_indices, split_batch, to_device
+from .data import call_model, load_batch, next_epoch_indices, split_batch, to_device
 from .progressive import BestWeights, Pacer, Pacing, Unfrozen, check_pacing
 from .schedule_steps import SCHED_STEPS, SchedStep, ScheduleChoice, plan_schedules
 
@@ -416,7 +416,7 @@ class _LoaderBatches:
                 inputs, targets = split_batch(batch, "val")
                 inputs = to_device(inputs, plan.device, non_blocking)
                 with plan.amp.autocast():
-                    output = _main_output(plan.model(inputs))
+                    output = _main_output(call_model(plan.model, inputs))
                 yield output, to_device(targets, plan.device, non_blocking)
 
         with _mode(plan.model, training=False), torch.no_grad():
@@ -576,7 +576,7 @@ def train_step(
     """One optimizer step under the plan's AMP policy and loss; the loss stays on the
     device (reading it is the caller's choice: a host sync)."""
     with plan.amp.autocast():
-        output = _main_output(forward(inputs))
+        output = _main_output(call_model(forward, inputs))
         loss = plan.loss_fn(output, targets)
     plan.amp.step(loss, plan.optimizer)
     return loss.detach()
