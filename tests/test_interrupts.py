@@ -314,14 +314,18 @@ def test_interrupt_at_every_line_leaves_before_or_after(case):
 
 
 def test_sigint_is_held_until_the_block_ends_then_raised():
-    previous = signal.getsignal(signal.SIGINT)
-    reached_end = False
-    with pytest.raises(KeyboardInterrupt):
-        with Uninterrupted():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached_end = True
-    assert reached_end
-    assert signal.getsignal(signal.SIGINT) is previous
+    # Python's own handler, whatever an earlier test or library left installed
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached_end = False
+        with pytest.raises(KeyboardInterrupt):
+            with Uninterrupted():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached_end = True
+        assert reached_end
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_guard_restores_grad_mode_and_does_nothing_off_the_main_thread():
