@@ -212,16 +212,22 @@ def ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_ctrl_c_mid_step_finishes_that_step_and_stops():
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+def ctrl_c_on_call(n: int):
+    """Cross-entropy that presses Ctrl-C during its ``n``-th call (mid-step)."""
     calls = itertools.count(1)
 
     def loss(output, target):
-        if next(calls) == 3:
+        if next(calls) == n:
             ctrl_c()
         return nn.functional.cross_entropy(output, target)
 
+    return loss
+
+
+def test_ctrl_c_mid_step_finishes_that_step_and_stops():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss = ctrl_c_on_call(3)
     train, _ = loaders()
     tm = Session(namespace={"model": model, "optimizer": opt, "loss": loss})
     history = tm.fit(train, loss="loss", epochs=2)
@@ -246,13 +252,7 @@ def test_the_progress_summary_of_an_interrupted_run_says_it_stopped():
 
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    calls = itertools.count(1)
-
-    def loss(output, target):
-        if next(calls) == 2:
-            ctrl_c()
-        return nn.functional.cross_entropy(output, target)
-
+    loss = ctrl_c_on_call(2)
     train, _ = loaders()
     tm = Session(namespace={"model": model, "optimizer": opt, "loss": loss})
     history = tm.fit(train, loss="loss", epochs=2, observer=render.NotebookProgress(show, 200))
