@@ -130,8 +130,18 @@ class Session:
             if not reading:
                 raise
             opt_name, opt = None, None
-        scheds = self.workspace.schedulers(opt) if opt is not None else []
-        return edits.BoundModel(unwrap(model), name, opt, opt_name, scheds)
+        ws = self.workspace
+        real = unwrap(model)
+        return edits.BoundModel(
+            real,
+            name,
+            opt,
+            opt_name,
+            ws.schedulers(opt) if opt is not None else [],
+            names=ws.names(),
+            rebuilt=None if opt_name is None else ws.rebuilt(opt_name),
+            ema_copies=ws.ema_copies(real),
+        )
 
     def bound(
         self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
@@ -208,7 +218,9 @@ class Session:
                 before=before,
                 after=count(target.model),
                 optimizer_name=target.optimizer_name,
-                groups=describe_groups(target.optimizer, groups_before, target.schedulers),
+                groups=describe_groups(
+                    target.optimizer, groups_before, target.schedulers, target.names
+                ),
                 dry_run=dry_run,
                 unchanged=edits.fingerprint(target) == state_before,
             )
@@ -371,6 +383,7 @@ class Session:
             optimizer=target.optimizer,
             optimizer_name=target.optimizer_name,
             schedulers=target.schedulers,
+            scheduler_names=target.names,
             depth=self.config.summary_depth if depth is None else depth,
             max_rows=self.config.summary_max_rows,
         )
@@ -380,12 +393,12 @@ class Session:
     def _stale(self, record: Record) -> str:
         """Why ``record`` can no longer be undone ("" while it can): its model is not bound
         to its variable any more, or the optimizer it edited was re-created."""
-        bound = self.workspace.namespace.get(record.change.model_name)
+        bound = self.workspace.module(record.change.model_name)
         model = record.model()
-        if model is None or not isinstance(bound, nn.Module) or unwrap(bound) is not model:
+        if model is None or bound is None or unwrap(bound) is not model:
             return REBOUND
         if record.optimizer is not None:
-            now = self.workspace.namespace.get(record.change.optimizer_name or "")
+            now = self.workspace.optimizer(record.change.optimizer_name or "")
             if now is not record.optimizer():
                 return "optimizer re-created"
         return ""
@@ -474,7 +487,10 @@ class Session:
             before=before,
             after=count(model),
             groups=describe_groups(
-                opt, groups_before, self.workspace.schedulers(opt) if opt is not None else ()
+                opt,
+                groups_before,
+                self.workspace.schedulers(opt) if opt is not None else (),
+                self.workspace.names(),
             ),
         )
 

@@ -1,13 +1,14 @@
 """Finding the model, optimizer and schedulers a command means, in a namespace dict.
 
 In a notebook the namespace is the kernel's ``user_ns``; a script's Session keeps its own.
-Models are remembered by variable name, so re-running ``model = ...`` is picked up and a
-stale object is never edited.
+Objects are found by :mod:`.integrations.discovery` (variables, and two attribute levels
+inside them: ``learner.opt``, ``trainer.optimizers[0]``, wrappers seen through) and named
+by that path. Models are remembered by path, so re-running ``model = ...`` is picked up
+and a stale object is never edited.
 """
 
 from __future__ import annotations
 
-import types
 import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
 from typing import TypeGuard
@@ -15,7 +16,10 @@ from typing import TypeGuard
 import torch
 from torch import nn
 
+from .advice import Call
 from .errors import TorchMagicError
+from .integrations import discovery, ema
+from .integrations.discovery import Found
 from .modules import unwrap
 from .surgery import scheduler_sync
 from .surgery.grammar import Target, parse_segment
@@ -48,16 +52,38 @@ class Workspace:
             if not name.startswith("_") and name not in self.hidden:
                 yield name, value
 
+    def found(self) -> list[Found]:
+        """Every object reachable from the user's variables (see :mod:`.discovery`)."""
+        return list(discovery.walk(self.items()))
+
+    def lookup(self, path: str) -> Found | None:
+        """The object at ``path`` as the walk names it (``model``, ``learner.opt``,
+        ``trainer.optimizers[0]``); no text is ever evaluated."""
+        if "." not in path and "[" not in path:
+            if path.startswith("_") or path in self.hidden or path not in self.namespace:
+                return None
+            value = self.namespace[path]
+            return Found(path, discovery.inner(value), value)
+        return next((f for f in self.found() if f.path == path), None)
+
     def module(self, name: str) -> nn.Module | None:
-        value = self.namespace.get(name)
-        if isinstance(value, nn.Module) and not name.startswith("_"):
-            return value
-        return None
+        found = self.lookup(name)
+        return found.held if found is not None and isinstance(found.held, nn.Module) else None
 
     def models(self) -> dict[str, nn.Module]:
-        """Modules with parameters bound to variables that are not part of another bound
-        module (a loss function or a transform is never a model)."""
-        bound = [(n, v) for n, v in self.items() if _has_parameters(v)]
+        """Modules with parameters bound to variables or attributes (``learner.model``)
+        that are not part of another such module (a loss function or a transform is never
+        a model), nor an EMA copy of one (it is named, never picked)."""
+        found = self.found()
+        copies = {id(m) for f in found if (m := ema.averaged(f.held)) is not None}
+        bound = [
+            (f.path, f.held)
+            for f in found
+            if not f.in_container
+            and _has_parameters(f.held)
+            and ema.averaged(f.held) is None
+            and id(f.held) not in copies
+        ]
         inner: set[int] = set()
         for _, value in bound:
             real = unwrap(value)
@@ -72,6 +98,20 @@ class Workspace:
                 by_real[id(real)] = (name, value)
         return dict(by_real.values())
 
+    def ema_helpers(self) -> list[tuple[str, nn.Module]]:
+        """Every EMA helper the walk reaches: (path, its averaged copy)."""
+        return [(f.path, copy) for f in self.found() if (copy := ema.averaged(f.held)) is not None]
+
+    def ema_copies(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """EMA helpers keeping an average of ``model`` (path, averaged copy): those whose
+        copy has ``model``'s parameter names and shapes."""
+        shapes = parameter_shapes(model)
+        return [
+            (path, copy)
+            for path, copy in self.ema_helpers()
+            if copy is not model and parameter_shapes(unwrap(copy)) == shapes
+        ]
+
     def resolve_model(self, name: str | None = None) -> tuple[str, nn.Module]:
         """The named model, else the current one, else the only one in the namespace."""
         if name is not None:
@@ -80,26 +120,39 @@ class Workspace:
                 raise TorchMagicError(self._not_a_model(name))
             return name, module
         if self.current is not None and self.module(self.current) is not None:
-            return self.current, self.namespace[self.current]
+            return self.current, self.module(self.current)  # type: ignore[return-value]
         models = self.models()
         if len(models) == 1:
             return next(iter(models.items()))
         if not models:
             raise TorchMagicError(
                 "no model found: bind an nn.Module to a variable first, "
-                "e.g. model = torchvision.models.resnet18(weights=None)"
+                f"e.g. model = torchvision.models.resnet18(weights=None){self._in_containers()}"
             )
         names = ", ".join(sorted(models))
         first = min(models)
         raise TorchMagicError(
-            f"which model? candidates: {names}; prefix the target with one ({first}.<path>) "
-            f"or make one current with use('{first}')"
+            (
+                f"which model? candidates: {names}; prefix the target with one ({first}.<path>) "
+                "or make one current with ",
+                Call("use", (first,)),
+            )
         )
 
+    def _in_containers(self) -> str:
+        """The hint for a model only a list or dict holds: the walk does not pick those."""
+        held = next(
+            (f.path for f in self.found() if f.in_container and _has_parameters(f.held)), None
+        )
+        if held is None:
+            return ""
+        return f" (models inside containers are not searched; bind it: m = {held})"
+
     def _not_a_model(self, name: str) -> str:
-        if name not in self.namespace:
-            return f"no variable named '{name}'"
-        return f"'{name}' is a {type(self.namespace[name]).__name__}, not an nn.Module"
+        found = self.lookup(name)
+        if found is None:
+            return f"no variable named '{name}'" if "." not in name else f"nothing at '{name}'"
+        return f"'{name}' is a {type(found.held).__name__}, not an nn.Module"
 
     def owner_of(self, name: str) -> tuple[str, str] | None:
         """(model variable, qualified path) when the variable ``name`` is bound to a
@@ -145,7 +198,12 @@ class Workspace:
         for target in targets:
             head = target.head
             owner = self.owner_of(head) if head is not None else None
-            if owner is not None:
+            held = self._attribute_model(target)
+            if held is not None:  # learner.model.layer1: the model lives in an attribute
+                if held[0] not in roots:
+                    roots.append(held[0])
+                relative.append(held[1])
+            elif owner is not None:
                 if owner[0] not in roots:
                     roots.append(owner[0])
                 relative.append(_under(owner[1], target.without_head()))
@@ -166,16 +224,51 @@ class Workspace:
             relative = [t for t in relative if not t.is_whole] or relative[:1]
         return name, model, relative
 
+    def _attribute_model(self, target: Target) -> tuple[str, Target] | None:
+        """(path, rest) when ``target`` starts with the path of a model held in an
+        attribute of a variable (``learner.model`` in ``learner.model.layer1``)."""
+        head = target.head
+        if head is None or target.glob is not None or self.module(head) is not None:
+            return None
+        texts = [segment.text for segment in target.segments]
+        for k in range(len(texts), 1, -1):
+            path = ".".join(texts[:k])
+            if self.module(path) is not None:
+                return path, Target(text=target.text, segments=target.segments[k:])
+        return None
+
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
-        return [(n, v) for n, v in self.items() if isinstance(v, torch.optim.Optimizer)]
+        """Every optimizer reachable from the namespace, wrappers seen through, by path."""
+        return [
+            (f.path, f.value) for f in self.found() if isinstance(f.value, torch.optim.Optimizer)
+        ]
+
+    def scalers(self) -> list[torch.amp.GradScaler]:
+        """Every GradScaler reachable from the namespace (``accelerator.scaler`` too)."""
+        return [f.value for f in self.found() if isinstance(f.value, torch.amp.GradScaler)]
+
+    def optimizer(self, path: str) -> torch.optim.Optimizer | None:
+        """The optimizer at ``path`` (wrappers seen through), else None."""
+        found = self.lookup(path)
+        value = None if found is None else found.value
+        return value if isinstance(value, torch.optim.Optimizer) else None
+
+    def rebuilt(self, path: str) -> str | None:
+        """Why the optimizer at ``path`` is about to be replaced by a new one (its owner
+        builds it again: a Lightning trainer at every fit), else None."""
+        found = self.lookup(path)
+        if found is None or found.owner is None:
+            return None
+        why = discovery.rebuilt_by(found)
+        return None if why is None else f"{found.owner_path} {why}"
 
     def remember(self, model_name: str, model: nn.Module, optimizer_name: str) -> None:
         """``optimizer_name`` is the optimizer of ``model`` (as bound to ``model_name``),
         also once a freeze has emptied it."""
         self.optimizer_of[model_name] = optimizer_name
         self._remembered_for[model_name] = weakref.ref(unwrap(model))
-        optimizer = self.namespace.get(optimizer_name)
-        if isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = self.optimizer(optimizer_name)
+        if optimizer is not None:
             self._used_optimizer[model_name] = weakref.ref(optimizer)
         else:
             self._used_optimizer.pop(model_name, None)
@@ -205,9 +298,13 @@ class Workspace:
         """
         ids = {id(p) for p in model.parameters()}
         if name is not None:
-            value = self.namespace.get(name)
-            if not isinstance(value, torch.optim.Optimizer):
-                what = "no variable" if value is None else f"a {type(value).__name__}"
+            value = self.optimizer(name)
+            if value is None:
+                found = self.lookup(name)
+                if found is None:
+                    what = "no variable" if "." not in name else "nothing there"
+                else:
+                    what = f"a {type(found.held).__name__}"
                 raise TorchMagicError(
                     f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
                 )
@@ -229,8 +326,8 @@ class Workspace:
             )
         if owning:
             return owning[0]
-        value = self.namespace.get(remembered) if remembered is not None else None
-        if remembered is not None and isinstance(value, torch.optim.Optimizer):
+        value = self.optimizer(remembered) if remembered is not None else None
+        if remembered is not None and value is not None:
             made_for = self._remembered_for.get(model_name)
             rebound = made_for is not None and made_for() is not unwrap(model)
             if rebound or (not _empty(value) and not self._still_used(model_name, model, value)):
@@ -274,13 +371,23 @@ class Workspace:
 
     def schedulers(self, optimizer: torch.optim.Optimizer) -> list:
         """Schedulers driving ``optimizer`` (torch's and timm's, with the children of
-        Sequential/Chained ones), and objects that look like schedulers of it: bound to
-        variables, inside lists, tuples and dicts bound to variables, or attributes of
-        objects bound to variables (``trainer.scheduler``)."""
-        found: list[object] = []
-        for _, value in self.items():
-            found.extend(_scheduler_candidates(value))
-        return scheduler_sync.bound_to(found, optimizer)
+        Sequential/Chained ones; wrappers such as Accelerate's seen through), and objects
+        that look like schedulers of it, wherever the walk finds them."""
+        return scheduler_sync.bound_to([f.value for f in self.found()], optimizer)
+
+    def names(self) -> dict[int, str]:
+        """The path of every object the walk reaches, by identity (wrappers and what
+        they wrap alike), to name schedulers in summaries."""
+        out: dict[int, str] = {}
+        for f in self.found():
+            out.setdefault(id(f.value), f.path)
+            out.setdefault(id(f.held), f.path)
+        return out
+
+
+def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Each parameter's shape by qualified name: the structure an EMA copy must share."""
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
 def _has_parameters(value: object) -> TypeGuard[nn.Module]:
@@ -304,22 +411,3 @@ def _under(path: str, target: Target) -> Target:
         return Target(text=target.text, glob=f"{path}.{target.glob}")
     prefix = tuple(parse_segment(part, target.text) for part in path.split("."))
     return Target(text=target.text, segments=prefix + target.segments)
-
-
-# Never searched for schedulers among their attributes: models, tensors, imported modules.
-_OPAQUE = (nn.Module, torch.Tensor, torch.optim.Optimizer, type, types.ModuleType)
-
-
-def _scheduler_candidates(value: object) -> list:
-    """``value``, the members of a list / tuple / dict, or the attributes of an object."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, dict):
-        return list(value.values())
-    if isinstance(value, _OPAQUE) or scheduler_sync.is_scheduler(value):
-        return [value]
-    try:
-        attributes = list(vars(value).values())
-    except TypeError:  # no __dict__
-        attributes = []
-    return [value, *attributes]

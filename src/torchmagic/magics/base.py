@@ -25,6 +25,7 @@ from IPython.utils.process import arg_split
 
 from .. import render
 from ..core import Session, TorchMagicError
+from ..core.advice import spelled
 from ..core.surgery.grammar import split_options
 from ..manifest import subcommand_usage, usage
 from ..render.spelling import calls_spelled
@@ -138,12 +139,17 @@ def speak_flag(message: str, param: str, flag: str) -> str:
 
 
 def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") -> str:
-    """The engine's refusal in the magic's words; with the usage line when an argument
-    was at fault."""
+    """The engine's refusal in the magic's words (``optimizer=NAME`` → ``--opt NAME``,
+    suggested commands as magics); with the usage line when an argument was at fault."""
+    text = spelled(error.advice, magic_line)
+    spoken = flags(magic)
+    for param, flag in spoken.items():
+        if param != error.param and not flag.endswith("="):
+            text = re.sub(rf"(?<![\w.-]){re.escape(param)}=", f"{flag} ", text)
     if error.param is None:
-        return str(error)
-    flag = flags(magic).get(error.param)
-    message = str(error) if flag is None else speak_flag(str(error), error.param, flag)
+        return text
+    own = spoken.get(error.param)
+    message = text if own is None else speak_flag(text, error.param, own)
     return f"{message}; usage: {usage(real_name(magic), kind)}"
 
 

@@ -26,7 +26,7 @@ from ..surgery import scheduler_sync
 from ..surgery.batchnorm import is_held
 from ..surgery.heads import Head, find_head
 from ..tensors import held_ids, leaves, optimizer_params, owners, state_bytes
-from ..workspace import Workspace
+from ..workspace import Workspace, parameter_shapes
 from ..zoo import WeightsInfo, describe, expected_inputs, is_weights
 from . import datasets
 from .compiled import CompileWatch, is_compiled
@@ -425,6 +425,41 @@ def _leaks(ws: Workspace) -> Iterator[Finding]:
 # -- 8: wrappers ---------------------------------------------------------------------
 
 
+def _ema_copies(ws: Workspace, models: Mapping[str, nn.Module]) -> Iterator[Finding]:
+    """An EMA copy whose structure no longer matches the model it averages (the model
+    sharing most of its parameter names): its next update crashes on a shape, or blends a
+    fresh head into a trained one."""
+    for path, copy in ws.ema_helpers():
+        shapes = parameter_shapes(unwrap(copy))
+        scored = []
+        for name, model in models.items():
+            theirs = parameter_shapes(unwrap(model))
+            scored.append((len(shapes.keys() & theirs.keys()), name, theirs))
+        if not scored:
+            continue
+        shared, name, theirs = max(scored, key=lambda item: item[0])
+        if shared * 2 < len(shapes) or theirs == shapes:
+            continue
+        names = [*theirs, *(k for k in shapes if k not in theirs)]  # the model's order
+        differ = [k for k in names if shapes.get(k) != theirs.get(k)]
+        first = differ[0]
+        yield Finding(
+            "ema-mismatch",
+            "error",
+            path,
+            f"the EMA copy `{path}` no longer matches `{name}`: {first} is "
+            f"{_shape(theirs.get(first))} in {name} but {_shape(shapes.get(first))} in the copy "
+            f"({len(differ)} parameter(s) differ); its next update fails or averages the wrong "
+            "tensors",
+            f"re-create it from {name} (e.g. {path} = AveragedModel({name})); "
+            "torchmagic's head replacements keep EMA copies in step from then on",
+        )
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "missing" if shape is None else "×".join(map(str, shape)) or "a scalar"
+
+
 def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
     for name, value in ws.items():
         if not isinstance(value, nn.Module):
@@ -740,9 +775,7 @@ def diagnose(
     ws = Workspace(namespace, hidden)  # read only: nothing is resolved or remembered
     models = ws.models()
     optimizers = ws.optimizers()
-    found_scalers = [scaler, getattr(amp, "scaler", None)] + [
-        v for _, v in ws.items() if isinstance(v, torch.amp.GradScaler)
-    ]
+    found_scalers = [scaler, getattr(amp, "scaler", None), *ws.scalers()]
     scalers = list({id(s): s for s in found_scalers if s is not None and s.is_enabled()}.values())
     findings: list[Finding] = []
     trained: dict[str, nn.Module] = {}
@@ -765,6 +798,7 @@ def diagnose(
     findings += _schedulers(ws, optimizers)
     findings += _leaks(ws)
     findings += _wrappers(ws, compile_watch)
+    findings += _ema_copies(ws, models)
     if compile_watch is not None:
         compile_watch.observe(namespace, hidden)
     scanned = [f"{n} ({type(unwrap(m)).__name__})" for n, m in models.items()]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -59,14 +59,20 @@ def describe_groups(
     optimizer: torch.optim.Optimizer | None,
     before: dict[int, GroupKey] | None = None,
     schedulers: Sequence[object] = (),
+    names: Mapping[int, str] | None = None,
 ) -> tuple[GroupInfo, ...]:
     """Each group's lr now and base lr, weight decay, size, the schedulers stepping it
-    (``schedulers``: those bound to ``optimizer``, children included) and, given the
-    ``before`` fingerprints, whether the command added or changed it."""
+    (``schedulers``: those bound to ``optimizer``, children included; named by their
+    path in ``names``, by identity) and, given the ``before`` fingerprints, whether the
+    command added or changed it."""
     if optimizer is None:
         return ()
     stepped = scheduler_sync.roots(schedulers)
-    stepped_by = tuple(type(s).__name__ for s in stepped)
+    known = names or {}
+    stepped_by = tuple(
+        f"{type(s).__name__} `{known[id(s)]}`" if id(s) in known else type(s).__name__
+        for s in stepped
+    )
     # Without a schedule (or under ReduceLROnPlateau alone) the lr now is the base: None.
     scheduled = any(not isinstance(s, torch_schedulers.ReduceLROnPlateau) for s in stepped)
     infos = []

@@ -7,6 +7,7 @@ the transaction, so a failure part-way rolls back and ``undo`` can replay the in
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,12 @@ class BoundModel:
     optimizer: torch.optim.Optimizer | None = None
     optimizer_name: str | None = None
     schedulers: list = field(default_factory=list)
+    # what the namespace calls each object, by identity (schedulers in summaries)
+    names: dict[int, str] = field(default_factory=dict)
+    # why the optimizer is about to be replaced by its owner (None: it is the user's)
+    rebuilt: str | None = None
+    # EMA copies of the model: (path, averaged copy), kept in step with its structure
+    ema_copies: list[tuple[str, nn.Module]] = field(default_factory=list)
 
 
 def _set_requires_grad(params: Sequence[nn.Parameter], flag: bool, tx: Transaction) -> None:
@@ -341,6 +348,13 @@ def unfreeze(
         schedulers = target.schedulers
         planned = list(zip(blocks, lrs, per_block, strict=True))
         homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
+        if new_groups and target.rebuilt is not None:
+            raise TorchMagicError(
+                f"'{target.optimizer_name}' cannot keep a new param group: {target.rebuilt}; "
+                f"give {new_groups[0].name} its lr there, or unfreeze without lr= "
+                "(trainability carries into the next fit)",
+                param="lr",
+            )
         if new_groups:
             scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
         scheduler_sync.snapshot(schedulers, opt, tx)
@@ -411,6 +425,27 @@ def _carry_hooks(old: nn.Module, new: nn.Module) -> int:
     return carried
 
 
+def _copy_heads(
+    copy: nn.Module, found: Sequence[heads.Head], new_modules: Sequence[nn.Module], tx: Transaction
+) -> list[heads.Head]:
+    """Put a copy of each new head into the EMA ``copy`` at the same path, on the device,
+    dtype and trainability of the copy's old head; the copy's heads as found there."""
+    copied = []
+    for head, new in zip(found, new_modules, strict=True):
+        name = head.name
+        old = copy.get_submodule(name)
+        twin = deepcopy(new)
+        reference = next(old.parameters(), None)
+        if reference is not None:
+            twin.to(device=reference.device, dtype=reference.dtype)
+            twin.requires_grad_(reference.requires_grad)
+        parent, attr = parent_of(copy, name)
+        tx.hold([*old.parameters(), *old.buffers()])
+        tx.set_attr(parent, attr, twin)
+        copied.append(heads.Head(name, old, head.role))
+    return copied
+
+
 def replace_head(
     target: BoundModel,
     root: nn.Module,
@@ -456,6 +491,14 @@ def replace_head(
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
     synced = model_config.sync(target.model, found, num_classes, labels, tx)
+    for path, copy in target.ema_copies:
+        model_config.sync(copy, _copy_heads(copy, found, new_modules, tx), num_classes, labels, tx)
+        notes.append(f"EMA copy `{path}`: the same heads replaced (copies of the new ones)")
+    if target.rebuilt is not None and opt is not None:
+        notes.append(
+            f"`{target.optimizer_name}`: {target.rebuilt}; the new head trains in the next "
+            "one when configure_optimizers passes the module's parameters (edited here too)"
+        )
     if opt is not None:
         for index, params in joining.items():
             editor.join(index, params)

@@ -9,7 +9,7 @@ row budget instead of flooding the notebook.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -38,11 +38,13 @@ def summarize(
     optimizer: torch.optim.Optimizer | None = None,
     optimizer_name: str | None = None,
     schedulers: Sequence[object] = (),
+    scheduler_names: Mapping[int, str] | None = None,
     depth: int = 2,
     max_rows: int = 60,
 ) -> SummaryReport:
     """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``.
-    ``schedulers``: those bound to ``optimizer``, to tell each group's base lr."""
+    ``schedulers``: those bound to ``optimizer``, to tell each group's base lr (named by
+    ``scheduler_names``, by identity)."""
     named = list(model.named_modules())
     depth = min(depth, max(n.count(".") + 1 for n, _ in named))  # deeper shows nothing more
     while depth > 0 and sum(1 for n, _ in named if not n or n.count(".") < depth) > max_rows:
@@ -104,5 +106,5 @@ def summarize(
         depth=depth,
         counts=count(model),
         optimizer_name=optimizer_name,
-        groups=describe_groups(optimizer, schedulers=schedulers),
+        groups=describe_groups(optimizer, schedulers=schedulers, names=scheduler_names),
     )

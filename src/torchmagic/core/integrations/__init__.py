@@ -1,0 +1,3 @@
+"""Objects that live inside other libraries: found by one walk (:mod:`.discovery`), with
+what each library wraps and holds answered in a small room of its own (imported only
+when an object of that library is met; the libraries themselves are never imported)."""

@@ -1,0 +1,143 @@
+"""The one walk that finds the user's objects where they really live.
+
+Optimizers, schedulers, GradScalers and models sit in notebook variables, but also inside
+other objects: ``learner.opt``, ``trainer.optimizers[0]``, Accelerate's wrappers around
+the user's own optimizer and scheduler. The walk starts at every user variable and goes
+at most two levels down: public attributes of plain objects, the items of lists, tuples
+and dicts, and the members a library's room names (a Lightning trainer's optimizers are
+properties no attribute walk sees). Models, tensors, optimizers and schedulers are not
+searched inside; wrappers are seen through by the attribute their library documents.
+Each object is named by the path the user would type, first (shortest) path winning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from ..surgery import scheduler_sync
+from .classes import named, package_of
+
+MAX_DEPTH = 2  # attribute levels below a variable
+MAX_MEMBERS = 64  # per object: a bounded walk, also over a huge list or config object
+
+# top-level package → the room that knows it (imported when such an object is met)
+_ROOMS = {
+    "accelerate": "accelerate",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning_fabric": "lightning",
+    "torch": "ema",
+    "timm": "ema",
+}
+
+# never searched inside: their insides are not where users keep their objects
+_OPAQUE = (
+    nn.Module,
+    torch.Tensor,
+    torch.optim.Optimizer,
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+)
+
+
+@dataclass(frozen=True)
+class Found:
+    """One object reached from the namespace: ``value`` with wrappers seen through,
+    ``held`` as the user holds it at ``path``, and ``owner`` the library object whose
+    room named it (the trainer holding an optimizer), if any."""
+
+    path: str
+    value: object
+    held: object
+    owner: object | None = None
+    owner_path: str = ""
+
+    @property
+    def in_container(self) -> bool:
+        """Reached through a list, tuple or dict item (``models['a']``)."""
+        return "[" in self.path
+
+
+def room(obj: object) -> ModuleType | None:
+    """The room of the library defining ``obj``'s class, if torchmagic knows it."""
+    name = _ROOMS.get(package_of(obj))
+    return None if name is None else importlib.import_module(f"{__package__}.{name}")
+
+
+def inner(obj: object) -> object:
+    """``obj`` with known wrappers seen through (``AcceleratedOptimizer.optimizer``,
+    ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``)."""
+    for _ in range(8):  # wrappers of wrappers, bounded
+        known = room(obj)
+        wraps = getattr(known, "WRAPS", {}) if known is not None else {}
+        attribute = next((a for cls, a in wraps.items() if named(obj, cls)), None)
+        if attribute is None:
+            return obj
+        obj = getattr(obj, attribute)
+    return obj
+
+
+def _members(obj: object) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:
+    """What the walk looks at inside ``obj``: the members its room names, and the list,
+    tuple or dict items or the public attributes of a plain object."""
+    known = room(obj)
+    named_by_room = list(known.members(obj)) if known is not None else []
+    out: list[tuple[str, object]] = []
+    if isinstance(obj, (list, tuple)):
+        out += [(f"[{i}]", v) for i, v in enumerate(obj[:MAX_MEMBERS])]
+    elif isinstance(obj, dict):
+        out += [(f"[{k!r}]", v) for k, v in list(obj.items())[:MAX_MEMBERS] if isinstance(k, str)]
+    elif not isinstance(obj, _OPAQUE) and not scheduler_sync.is_scheduler(obj):
+        try:
+            attributes = vars(obj)
+        except TypeError:  # no __dict__ (slots, builtins)
+            attributes = {}
+        public = [(f".{k}", v) for k, v in attributes.items() if not k.startswith("_")]
+        out += public[:MAX_MEMBERS]
+    return named_by_room, out
+
+
+def walk(variables: Iterable[tuple[str, object]]) -> Iterator[Found]:
+    """Every object reachable from ``variables`` (name, value), breadth first, each once."""
+    seen: set[int] = set()
+    queue: deque[tuple[str, object, tuple[object, str] | None, int]] = deque(
+        (name, value, None, 0) for name, value in variables
+    )
+    while queue:
+        path, held, owner, depth = queue.popleft()
+        value = inner(held)
+        if value is None or id(value) in seen:
+            continue
+        seen.update((id(value), id(held)))
+        yield Found(path, value, held, *(owner or (None, "")))
+        if depth < MAX_DEPTH:
+            by_room, plain = _members(held)
+            queue.extend((path + suffix, v, (held, path), depth + 1) for suffix, v in by_room)
+            queue.extend((path + suffix, v, owner, depth + 1) for suffix, v in plain)
+
+
+def rebuilt_by(found: Found) -> str | None:
+    """Why the object ``found`` is about to be replaced by a new one (a Lightning trainer
+    builds its optimizers again at every fit), else None."""
+    known = None if found.owner is None else room(found.owner)
+    rebuilds = getattr(known, "rebuilds", None)
+    if rebuilds is None or not rebuilds(found.owner):
+        return None
+    return known.REBUILT  # type: ignore[union-attr]
