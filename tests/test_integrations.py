@@ -268,3 +268,61 @@ def test_two_real_models_ask_which_in_the_front_ends_spelling(ip):
         ip.run_line_magic("freeze", "layer1")
     with pytest.raises(TorchMagicError, match=r"tm\.use\(\"a\"\)"):
         Session(namespace=dict(ip.user_ns)).freeze("layer1")
+
+
+# -- the same cases typed as magics --------------------------------------------------
+
+
+def test_magics_reach_a_learners_model_and_optimizer(ip, capsys):
+    from IPython.core.error import UsageError
+
+    learner = Learner()
+    ip.user_ns["learner"] = learner
+    ip.run_line_magic("freeze", "learner.model --except fc --opt learner.opt")
+    assert not learner.model.layer1[0].conv1.weight.requires_grad
+    assert not _in(learner.opt, learner.model.layer1[0].conv1.weight)
+    ip.run_line_magic("replace_head", "learner.model.fc 5")
+    assert _in(learner.opt, learner.model.fc.weight)
+    capsys.readouterr()
+    ip.run_line_magic("summary", "learner.model")
+    assert "learner.model" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--opt learner.nope: nothing there") as refused:
+        ip.run_line_magic("unfreeze", "learner.model.layer4 --opt learner.nope")
+    assert "\n" not in str(refused.value)
+
+
+def test_magics_with_accelerate_name_the_scheduler_they_kept_in_step(ip, prepared, capsys):
+    ip.user_ns.update(prepared)
+    ip.run_line_magic("freeze", "model --except fc")
+    capsys.readouterr()
+    ip.run_line_magic("unfreeze", "layer4 lr=1e-4")
+    assert "lr schedule: LambdaLR `scheduler`" in capsys.readouterr().out
+    prepared["optimizer"].step()
+    prepared["scheduler"].step()  # crashed with "zip() argument 2 is shorter" before
+    assert len(prepared["scheduler"].scheduler.get_last_lr()) == 2
+
+
+def test_an_unknown_optimizer_error_is_spelled_as_flags(ip):
+    from IPython.core.error import UsageError
+
+    ip.user_ns["model"] = _resnet()
+    with pytest.raises(UsageError) as refused:
+        ip.run_line_magic("unfreeze", "layer4 lr=1e-4")
+    assert "optimizer=" not in str(refused.value) and "--opt" in str(refused.value)
+
+
+def test_discovery_imports_no_library():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, torchmagic\n"
+        "class Learner: pass\n"
+        "l = Learner(); l.model = torch.nn.Linear(2, 2)\n"
+        "l.opt = torch.optim.SGD(l.model.parameters(), lr=0.1)\n"
+        "tm = torchmagic.Session(namespace={'l': l})\n"
+        "tm.freeze('l.model'); tm.doctor()\n"
+        "print(sorted(m for m in ('accelerate', 'lightning', 'peft', 'timm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

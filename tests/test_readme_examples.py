@@ -85,6 +85,18 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # Linear probing trains the head alone: the backbone is frozen first (--cache-features
     # refuses otherwise), which the progressive run on the next line unfreezes again.
     "--cache-features": "%freeze model --except fc",
+    # Accelerate's prepare needs an Accelerator (on the CPU here).
+    "accelerator.prepare": """
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True)
+""",
+    # The user's own training object holding a model and an optimizer as attributes.
+    "learner.model.layer1-3": """
+class Learner: pass
+learner = Learner()
+learner.model = torchvision.models.resnet18(weights=None)
+learner.opt = torch.optim.SGD(learner.model.parameters(), lr=0.1)
+""",
     # %tm undo needs a command to undo, and %tm use another model variable.
     "%tm history": """
 %freeze layer1
