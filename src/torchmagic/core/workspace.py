@@ -105,10 +105,13 @@ class Workspace:
     def ema_copies(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """EMA helpers keeping an average of ``model`` (path, averaged copy): those whose
         copy has ``model``'s parameter names and shapes."""
+        helpers = self.ema_helpers()
+        if not helpers:
+            return []
         shapes = parameter_shapes(model)
         return [
             (path, copy)
-            for path, copy in self.ema_helpers()
+            for path, copy in helpers
             if copy is not model and parameter_shapes(unwrap(copy)) == shapes
         ]
 
@@ -385,9 +388,13 @@ class Workspace:
         return out
 
 
-def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Each parameter's shape by qualified name: the structure an EMA copy must share."""
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...] | None]:
+    """Each parameter's shape by qualified name (None while a lazy module has none yet):
+    the structure an EMA copy must share."""
+    return {
+        name: None if isinstance(p, nn.parameter.UninitializedParameter) else tuple(p.shape)
+        for name, p in model.named_parameters()
+    }
 
 
 def _has_parameters(value: object) -> TypeGuard[nn.Module]:
