@@ -302,7 +302,7 @@ def test_fit_magic_flags(ip):
     shown = history._repr_mimebundle_()["text/plain"]  # the cell's result: the run's table
     assert "4 batches per step · clip 1.5" in shown
     assert "4 batches per step" in "".join(o.data["text/plain"] for o in cap.outputs)
-    with pytest.raises(UsageError, match="accumulate must be"):
+    with pytest.raises(UsageError, match="^--accum must be a whole number"):
         ip.run_line_magic("fit", "model train --accum 0")
 
 
@@ -329,3 +329,55 @@ def test_batch_size_refuses_a_bad_effective_batch():
     with pytest.raises(TorchMagicError) as refused:
         Session(model, opt).batch_size((6,), budget=1 << 26, effective_batch=0)
     assert refused.value.param == "effective_batch"
+
+
+@pytest.mark.slow  # importing Lightning takes 10-30 s here
+def test_fit_equals_lightnings_accumulate_grad_batches_bit_for_bit(tmp_path):
+    import lightning
+
+    class Module(lightning.LightningModule):
+        def __init__(self, model, opt, sched):
+            super().__init__()
+            self.model, self.opt, self.sched = model, opt, sched
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.model(x), y)
+
+        def configure_optimizers(self):
+            return {
+                "optimizer": self.opt,
+                "lr_scheduler": {"scheduler": self.sched, "interval": "step"},
+            }
+
+    def unshuffled():
+        """Lightning draws the shuffle of later epochs from the generator in its own way:
+        the same batches in the same order each epoch, so only the steps can differ."""
+        model, opt, train = build(10)
+        return model, opt, DataLoader(train.dataset, batch_size=8)
+
+    model_a, opt_a, train_a = unshuffled()
+    sched_a = torch.optim.lr_scheduler.OneCycleLR(opt_a, max_lr=0.2, total_steps=8)
+    history = Session(model_a, opt_a, schedulers=[sched_a]).fit(
+        train_a, epochs=2, accumulate=3, clip=0.5
+    )
+
+    model_b, opt_b, train_b = unshuffled()
+    sched_b = torch.optim.lr_scheduler.OneCycleLR(opt_b, max_lr=0.2, total_steps=8)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        accumulate_grad_batches=3,
+        gradient_clip_val=0.5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Module(model_b, opt_b, sched_b), train_dataloaders=train_b)
+
+    assert history.steps == trainer.global_step == 8  # 4 per epoch: 3 + 3 + 3 + 1 batches
+    assert sched_a.last_epoch == sched_b.last_epoch
+    assert_same(model_a, opt_a, model_b, opt_b)

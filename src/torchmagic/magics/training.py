@@ -28,6 +28,7 @@ MODEL_AND_TRAIN = argument(
 )
 ACCUM = argument(
     "--accum",
+    dest="accumulate",  # the Python parameter: refusals name the flag
     type=int,
     default=1,
     metavar="N",
@@ -211,7 +212,7 @@ class TrainingMagics(TopicMagics):
                 monitor=args.monitor,
                 early_stop=args.early_stop,
                 keep_best=args.keep_best,
-                accumulate=args.accum,
+                accumulate=args.accumulate,
                 clip=args.clip,
             )
         return render.render(history, self.width)
@@ -301,7 +302,7 @@ class TrainingMagics(TopicMagics):
                 loss=args.loss,
                 optimizer=args.optimizer,
                 observer=self._progress(),
-                accumulate=args.accum,
+                accumulate=args.accumulate,
                 clip=args.clip,
                 schedule=args.schedule,
                 bn=args.bn,

@@ -519,8 +519,7 @@ class _LossLedger:
     one host sync; the epoch's loss adds up the finite steps before the first bad one."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[torch.Tensor, int]] = []
-        self.steps: list[int] = []  # the optimizer step of each pending loss
+        self.pending: list[tuple[int, torch.Tensor, int]] = []  # (step, loss, samples)
         self.total = 0.0
         self.seen = 0
 
@@ -529,19 +528,16 @@ class _LossLedger:
 
     def add(self, step: int, loss: torch.Tensor, samples: int) -> None:
         """One batch's loss, for the optimizer step ``step`` it is part of."""
-        self.pending.append((loss, samples))
-        self.steps.append(step)
+        self.pending.append((step, loss, samples))
 
     def settle(self) -> tuple[int, float] | None:
         """(step, loss) of the first non-finite loss since the last check, else None."""
         if not self.pending:
             return None
-        values = torch.stack([loss.float() for loss, _ in self.pending]).tolist()
-        sizes = [n for _, n in self.pending]
-        steps = list(self.steps)
+        values = torch.stack([loss.float() for _, loss, _ in self.pending]).tolist()
+        pending = [(step, n) for step, _, n in self.pending]
         self.pending.clear()
-        self.steps.clear()
-        for step, value, n in zip(steps, values, sizes, strict=True):
+        for (step, n), value in zip(pending, values, strict=True):
             if value != value or value in (float("inf"), float("-inf")):
                 return step, value
             self.total += value * n
