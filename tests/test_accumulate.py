@@ -144,9 +144,34 @@ def test_max_steps_and_progress_count_optimizer_steps():
     assert history.steps == 2 and history.samples == 6 * 8
     assert history.stop_reason.value == "max_steps"
     assert recorder.start.accumulate == 3
-    infos = [i for i in recorder.infos]
+    infos = recorder.infos
     assert infos and all(i.batches == 4 for i in infos)  # ceil(10 / 3) steps per epoch
     assert [i.step for i in infos] == [i.batch for i in infos] and infos[-1].step <= 2
+
+
+def test_max_steps_reached_by_the_partial_window_stops_after_it():
+    model, opt, train = build(10)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    history = Session(model, opt, schedulers=[sched]).fit(
+        train, epochs=2, accumulate=4, max_steps=3
+    )
+    assert history.steps == 3 and len(history.epochs) == 1 and history.samples == 80
+    assert history.stop_reason.value == "max_steps"
+    assert sched.last_epoch == 1  # the epoch was complete: its scheduler step ran
+
+
+def test_a_non_finite_loss_names_the_optimizer_step_it_belongs_to():
+    model, opt, train = build(10)
+    calls = []
+
+    def loss(output, targets):
+        calls.append(1)
+        value = F.cross_entropy(output, targets)
+        return value * float("nan") if len(calls) == 5 else value  # batch 5: step 2 of 4
+
+    history = Session(model, opt).fit(train, accumulate=3, loss=loss)
+    assert history.stop_reason.value == "non_finite_loss"
+    assert history.stopped.startswith("the loss became nan at step 2;")
 
 
 def test_an_interrupt_drops_the_open_window():

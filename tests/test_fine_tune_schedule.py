@@ -262,3 +262,13 @@ def test_the_magic_flags(ip):
     assert commands[0] == "freeze('model', exclude=['fc'], bn='train')"
     with pytest.raises(UsageError, match="invalid choice"):
         ip.run_line_magic("fine_tune", "model train --val val --epochs 1 --schedule cosine")
+
+
+def test_a_tensor_lr_is_the_same_tensor_at_its_base_value_afterwards():
+    model, _, train, val = build()
+    lr = torch.tensor(1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    tm = Session(model, opt)
+    tm.fine_tune(train, val=val, epochs=1, lr=4e-3, schedule="one-cycle")
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(1e-2)
+    assert not any(key in g for g in opt.param_groups for key in SCHEDULE_KEYS)

@@ -64,7 +64,7 @@ def one_cycle_phase(
     ``total_steps`` optimizer steps; afterwards (also on an error) every group's lr and
     schedule keys are as they were before it."""
     saved = [
-        (group, {key: group.get(key, _ABSENT) for key in _ONE_CYCLE_KEYS})
+        (group, {key: _copy(group.get(key, _ABSENT)) for key in _ONE_CYCLE_KEYS})
         for group in optimizer.param_groups
     ]
     try:
@@ -80,10 +80,19 @@ def one_cycle_phase(
     finally:
         for group, values in saved:
             for key, value in values.items():
+                live = group.get(key)
                 if value is _ABSENT:
                     group.pop(key, None)
+                elif isinstance(value, torch.Tensor) and isinstance(live, torch.Tensor):
+                    with torch.no_grad():
+                        live.copy_(value)  # a tensor lr is filled in place: keep the object
                 else:
                     group[key] = value
+
+
+def _copy(value: object) -> object:
+    """A group value as it is now (torch schedulers fill tensor lrs in place)."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def fine_tune_blocks(model: nn.Module) -> tuple[str, ...]:
