@@ -299,9 +299,7 @@ class Session:
     ) -> Change:
         """Stop training ``targets``: requires_grad off, out of the optimizer (state set
         aside for undo), BatchNorm per policy. No targets means the whole model."""
-        policy = bn or self.config.bn_policy
-        if policy not in POLICIES:
-            raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
+        policy = _checked_bn(bn or self.config.bn_policy)
         target, selection = self._selection(targets, exclude, optimizer)
         return self._run(
             "freeze",
@@ -745,21 +743,17 @@ class Session:
         batch: the partial window steps). ``clip``: the largest total gradient norm of
         the optimizer's parameters, applied after unscaling. Changing either while a
         window is open is refused."""
-        window = Accumulation(accumulate, clip)
-        open_window = self._windows.get(optimizer)
-        if open_window is not None and (open_window.every, open_window.clip) == (
-            window.every,
-            window.clip,
-        ):
-            window = open_window
-        elif open_window is not None and open_window.pending:
-            raise TorchMagicError(
-                f"{open_window.pending} of {open_window.every} batches of this optimizer's "
-                f"window are accumulated with accumulate={open_window.every}, "
-                f"clip={open_window.clip}: finish it (last=True) before changing them",
-                param="accumulate",
-            )
-        self._windows[optimizer] = window
+        window = self._windows.get(optimizer)
+        if window is None or (window.every, window.clip) != (accumulate, clip):
+            fresh = Accumulation(accumulate, clip)  # checks both
+            if window is not None and window.pending:
+                raise TorchMagicError(
+                    f"{window.pending} of {window.every} batches of this optimizer's window "
+                    f"are accumulated with accumulate={window.every}, clip={window.clip}: "
+                    "finish it (last=True) before changing them",
+                    param="accumulate",
+                )
+            window = self._windows[optimizer] = fresh
         return window.add(loss, optimizer, self.amp.active_scaler, last=last)
 
     # -- training --------------------------------------------------------------------
@@ -957,7 +951,9 @@ class Session:
         every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
         ratios kept; afterwards everything is as before, bit for bit. ``apply`` sets the
         head group's base lr to the suggestion, the other groups' in proportion, as one
-        history entry (undoable)."""
+        history entry (undoable). Each step is one batch, never accumulated: with
+        ``fit(accumulate=N)`` each loss is divided by N, so a step's gradient has the same
+        scale and the suggestion carries over."""
         check_range(start, end, steps)
         target, plan = self._fit_plan(
             train, model=model, val=None, loss=loss, optimizer=optimizer, label="lr_find"
@@ -1023,8 +1019,8 @@ class Session:
             isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
         ):
             raise TorchMagicError(f"lr must be a positive number, got {lr!r}", param="lr")
-        if bn is not None and bn not in POLICIES:
-            raise TorchMagicError(f"bn={bn!r}: choose one of {', '.join(POLICIES)}", param="bn")
+        if bn is not None:
+            _checked_bn(bn)
         target, plan = self._fit_plan(
             train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
         )
@@ -1109,6 +1105,12 @@ class Session:
                 yield
             finally:
                 self._phase_schedulers = ()
+
+
+def _checked_bn(policy: str) -> str:
+    if policy not in POLICIES:
+        raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
+    return policy
 
 
 def _checked_lr(lr: LrSpec) -> LrSpec:
