@@ -250,13 +250,12 @@ def scaled_step(
     loss: torch.Tensor | None,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
-    clip: float | None = None,
 ) -> bool:
     """(scaled) backward → :func:`optimizer_step`; ``loss`` None: nothing to
     backpropagate."""
     if loss is not None:
         (scaler.scale(loss) if scaler is not None else loss).backward()
-    return optimizer_step(optimizer, scaler, clip)
+    return optimizer_step(optimizer, scaler)
 
 
 class Accumulation:
