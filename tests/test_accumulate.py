@@ -174,6 +174,20 @@ def test_a_non_finite_loss_names_the_optimizer_step_it_belongs_to():
     assert history.stopped.startswith("the loss became nan at step 2;")
 
 
+def test_cached_features_accumulate_as_the_uncached_run():
+    def probe(cache):
+        model, opt, train = build(10)
+        tm = Session(model, opt)
+        tm.freeze(exclude=["3"])  # the head alone trains; BatchNorm held in eval
+        history = tm.fit(train, epochs=2, accumulate=4, clip=0.5, cache_features=cache)
+        return model[3].weight.detach().clone(), history
+
+    w_plain, plain = probe(False)
+    w_cached, cached = probe(True)
+    assert cached.cached_features and plain.steps == cached.steps == 6
+    assert torch.allclose(w_plain, w_cached, atol=1e-6)  # the head's inputs: two code paths
+
+
 def test_an_interrupt_drops_the_open_window():
     model, opt, train = build(10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
