@@ -147,7 +147,8 @@ FLAGS = [
     "--except", "--bn", "frozen", "eval", "train", "bogus", "--opt", "--dry-run", "--dropout",
     "--depth", "--epochs", "--max-steps", "--loss", "--val", "--input-shape", "--optimizer",
     "--tracebacks", "--cache-features", "--nope", "-", "--", "-h", "--help", "AdamW", "SGD",
-    "LBFGS", "exit", "mse", "cross_entropy",
+    "LBFGS", "exit", "mse", "cross_entropy", "--accum", "--clip", "--schedule", "one-cycle",
+    "--effective-batch",
 ]  # fmt: skip
 GLOBS = ["*.bn*", "*", "?", "[", "]", "layer[12]", "*.*.*", "[!a]*", "model.*", "*.0", "**"]
 VALUES = [
@@ -249,7 +250,7 @@ SEEDS = {
     "unfreeze": ["layer1", "layer1-3 lr=1e-5:1e-4", "fc wd=0", "model --except stem"],
     "replace_head": ["fc 5", "auto 2", "model 4 --dropout 0.1", "model.fc 3 --dry-run"],
     "summary": ["", "model", "layer1 --depth 1", "--depth 3"],
-    "fit": ["pairs", "model batch", "text --epochs 1", "table --max-steps 1"],
+    "fit": ["pairs", "model batch", "text --epochs 1", "table --max-steps 1", "pairs --accum 2"],
     "amp": ["", "on", "off", "on bf16"],
     "device": ["", "cpu", "auto", "check", "move"],
     "gpumem": ["", "reset", "estimate", "estimate --input-shape 1,3,6,6", "watch on"],

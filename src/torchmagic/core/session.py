@@ -17,15 +17,25 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, MutableMapping, Sequence
-from contextlib import AbstractContextManager
+import math
+import weakref
+from collections.abc import (
+    Callable,
+    Container,
+    Iterable,
+    Iterator,
+    MutableMapping,
+    Sequence,
+    Sized,
+)
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from . import distributed
-from .devices.batch_size import BatchSizeReport, find_batch_size
+from .devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from .devices.compare import CompareReport, compare
 from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
 from .devices.device import move as move_model
@@ -50,7 +60,7 @@ from .surgery.results import Change, Counts, Effect, HistoryEntry, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
 from .surgery.transaction import Transaction, uninterrupted
-from .training.amp import AmpController, AmpStatus, cell_autocast
+from .training.amp import Accumulation, AmpController, AmpStatus, cell_autocast
 from .training.fit import (
     FitHistory,
     FitObserver,
@@ -62,7 +72,15 @@ from .training.fit import (
 from .training.fit import fit as run_fit
 from .training.lr_find import LrFindResult, check_range, find_lr
 from .training.progressive import Monitor, Pacing, check_pacing
-from .training.recipe import FineTuneResult, fine_tune_blocks
+from .training.recipe import (
+    HEAD_PHASE,
+    SCHEDULES,
+    UNFROZEN_PHASE,
+    FineTuneResult,
+    OneCyclePhase,
+    fine_tune_blocks,
+    one_cycle_phase,
+)
 from .training.schedule_steps import SchedStep
 from .workspace import StaleOptimizerError, Workspace
 from .zoo import LoadedModel
@@ -116,6 +134,11 @@ class Session:
         self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
         self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
         self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
+        # step(accumulate=N): each optimizer's open window of micro-batches
+        self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._phase_schedulers: tuple[object, ...] = ()  # fine_tune's one-cycle, while it runs
 
     # -- resolving -------------------------------------------------------------------
 
@@ -288,9 +311,7 @@ class Session:
     ) -> Change:
         """Stop training ``targets``: requires_grad off, out of the optimizer (state set
         aside for undo), BatchNorm per policy. No targets means the whole model."""
-        policy = bn or self.config.bn_policy
-        if policy not in POLICIES:
-            raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
+        policy = _checked_bn(bn or self.config.bn_policy)
         target, selection = self._selection(targets, exclude, optimizer)
         return self._run(
             "freeze",
@@ -637,12 +658,16 @@ class Session:
         optimizer: str | None = None,
         budget: int | None = None,
         max_batch: int | None = None,
+        effective_batch: int | None = None,
     ) -> BatchSizeReport:
         """The largest batch of ``input_shape`` samples (no batch dimension) whose training
         step fits where the (current) model lives, under the session's AMP policy; on the
-        CPU within ``budget`` bytes (default: the RAM available). State is restored."""
+        CPU within ``budget`` bytes (default: the RAM available). State is restored.
+        ``effective_batch``: the samples wanted per optimizer step; the report's
+        ``accumulation`` says which ``fit(accumulate=…)`` and batch size reach it."""
+        effective_batch = check_effective_batch(effective_batch)
         bound = self.bound(model, optimizer)
-        return find_batch_size(
+        report = find_batch_size(
             bound.model,
             bound.optimizer,
             tuple(input_shape),
@@ -650,6 +675,7 @@ class Session:
             max_batch=max_batch,
             amp_dtype=self.amp.dtype if self.amp.enabled else None,
         )
+        return replace(report, effective_batch=effective_batch)
 
     def memory(self, model: str | None = None) -> MemoryReport:
         """Memory in use on the (current) model's device, broken down into parameters,
@@ -716,10 +742,35 @@ class Session:
             return self.amp.autocast()
         return cell_autocast(self.amp, mode, self.device_type())
 
-    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
-        """backward, (unscale) step, scaler update, zero_grad — correct under every
-        precision policy; returns whether the optimizer stepped."""
-        return self.amp.step(loss, optimizer)
+    def step(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        *,
+        accumulate: int = 1,
+        clip: float | None = None,
+        last: bool = False,
+    ) -> bool:
+        """backward, (unscale, clip) step, scaler update, zero_grad — correct under every
+        precision policy; returns whether the optimizer stepped.
+
+        ``accumulate=N``: the loss is backpropagated divided by N and the optimizer steps
+        on every N-th call for it, or on a call with ``last=True`` (the epoch's last
+        batch: the partial window steps). ``clip``: the largest total gradient norm of
+        the optimizer's parameters, applied after unscaling. Changing either while a
+        window is open is refused."""
+        window = self._windows.get(optimizer)
+        if window is None or (window.every, window.clip) != (accumulate, clip):
+            fresh = Accumulation(accumulate, clip)  # checks both
+            if window is not None and window.pending:
+                raise TorchMagicError(
+                    f"{window.pending} of {window.every} batches of this optimizer's window "
+                    f"are accumulated with accumulate={window.every}, clip={window.clip}: "
+                    "finish it (last=True) before changing them",
+                    param="accumulate",
+                )
+            window = self._windows[optimizer] = fresh
+        return window.add(loss, optimizer, self.amp.active_scaler, last=last)
 
     # -- training --------------------------------------------------------------------
 
@@ -775,7 +826,7 @@ class Session:
             model=target.model,
             model_name=name,
             optimizer=target.optimizer,
-            schedulers=scheduler_sync.roots(target.schedulers),
+            schedulers=scheduler_sync.roots(target.schedulers) + list(self._phase_schedulers),
             loss_fn=resolve_loss(loss, self.workspace.namespace),
             device=device,
             amp=self.amp,
@@ -805,11 +856,19 @@ class Session:
         monitor: Monitor = "loss",
         early_stop: bool = False,
         keep_best: bool = False,
+        accumulate: int = 1,
+        clip: float | None = None,
     ) -> FitHistory:
         """Train the (current) model on ``train`` with its optimizer, its schedulers and
         the AMP policy; returns the history, which the session also keeps in ``fits``.
         ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
         instead of each one's own (see ``core.training.schedule_steps``).
+
+        ``accumulate=N``: one optimizer step per N batches, each loss divided by N (steps,
+        ``max_steps`` and per-batch schedulers count optimizer steps; an epoch's last,
+        partial window steps). ``clip``: the largest total gradient norm of the
+        optimizer's parameters before each step, after unscaling (see
+        ``core.training.amp``).
 
         Progressive unfreezing (see ``core.training.progressive``): ``unfreeze`` lists
         blocks (target grammar, or one comma-separated string) unfrozen one at a time,
@@ -831,6 +890,7 @@ class Session:
         )
         plan.epochs, plan.max_steps = epochs, max_steps
         plan.cache_features, plan.sched_step = cache_features, sched_step
+        plan.accumulate, plan.clip = accumulate, clip
         blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
         blocks = [b.strip() for b in blocks if b.strip()]
         if blocks or every is not None or patience is not None or early_stop or keep_best:
@@ -907,7 +967,9 @@ class Session:
         every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
         ratios kept; afterwards everything is as before, bit for bit. ``apply`` sets the
         head group's base lr to the suggestion, the other groups' in proportion, as one
-        history entry (undoable)."""
+        history entry (undoable). Each step is one batch, never accumulated: with
+        ``fit(accumulate=N)`` each loss is divided by N, so a step's gradient has the same
+        scale and the suggestion carries over."""
         check_range(start, end, steps)
         target, plan = self._fit_plan(
             train, model=model, val=None, loss=loss, optimizer=optimizer, label="lr_find"
@@ -950,13 +1012,22 @@ class Session:
         optimizer: str | None = None,
         observer: FitObserver | None = None,
         sched_step: SchedStep | None = None,
+        accumulate: int = 1,
+        clip: float | None = None,
+        schedule: str | None = None,
+        bn: str | None = None,
     ) -> FineTuneResult:
         """fastai's ``fine_tune`` as four of the session's own commands, each in the
-        history: ``freeze(model, exclude=[head])``, ``fit(epochs=freeze_epochs)``,
+        history: ``freeze(model, exclude=[head], bn=bn)``, ``fit(epochs=freeze_epochs)``,
         ``unfreeze(*blocks, lr=(lr / 100, lr))``, ``fit(epochs=epochs)``. The blocks are
         the model's top-level children holding parameters, head included (see
         ``core.training.recipe``); ``lr`` defaults to the head group's base lr after the
-        first run. The observer sees both runs."""
+        first run. The observer sees both runs; ``accumulate`` and ``clip`` apply to both.
+
+        ``schedule="one-cycle"``: each run under a fresh OneCycleLR over the optimizer
+        (fastai's conventions: head phase pct_start 0.99 and div 25, unfrozen phase 0.3
+        and div 5, each group peaking at its base lr); refused while another scheduler is
+        bound to the optimizer. After each run every group's lr is its base lr again."""
         for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
@@ -964,10 +1035,14 @@ class Session:
             isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
         ):
             raise TorchMagicError(f"lr must be a positive number, got {lr!r}", param="lr")
+        if bn is not None:
+            _checked_bn(bn)
         target, plan = self._fit_plan(
             train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
         )
+        plan.accumulate, plan.clip = accumulate, clip
         check_plan(plan)
+        steps_per_epoch = self._one_cycle_steps(schedule, target, plan)
         name = target.model_name
         head = heads.find_head(target.model).name
         blocks = fine_tune_blocks(target.model)
@@ -983,10 +1058,15 @@ class Session:
             "optimizer": optimizer,
             "observer": observer,
             "sched_step": sched_step,
+            "accumulate": accumulate,
+            "clip": clip,
         }
-        freeze = self.freeze(name, exclude=(head,), optimizer=optimizer)
-        head_fit = self.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
-        result = FineTuneResult(name, 0.0, blocks, freeze, head_fit)
+        opt = target.optimizer
+        assert opt is not None
+        freeze = self.freeze(name, exclude=(head,), bn=bn, optimizer=optimizer)
+        with self._phase(opt, HEAD_PHASE, freeze_epochs * steps_per_epoch):
+            head_fit = self.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
+        result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
         if head_fit.stop_reason in (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS):
             return result
         top = (
@@ -995,8 +1075,58 @@ class Session:
             else self._head_base_lr(self._target(name, target.model, optimizer))
         )
         unfreeze = self.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
-        full_fit = self.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
+        with self._phase(opt, UNFROZEN_PHASE, epochs * steps_per_epoch):
+            full_fit = self.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
         return replace(result, lr=top, unfreeze=unfreeze, full_fit=full_fit)
+
+    def _one_cycle_steps(
+        self, schedule: str | None, target: edits.BoundModel, plan: FitPlan
+    ) -> int:
+        """Optimizer steps per epoch for ``schedule="one-cycle"`` (0 without a schedule);
+        refuses a schedule it cannot run."""
+        if schedule is None:
+            return 0
+        if schedule not in SCHEDULES:
+            raise TorchMagicError(
+                f"schedule={schedule!r}: choose {' or '.join(SCHEDULES)} (or None)",
+                param="schedule",
+            )
+        if plan.schedulers:
+            bound = ", ".join(type(s).__name__ for s in plan.schedulers)
+            raise TorchMagicError(
+                f"schedule={schedule!r} gives each phase its own OneCycleLR, but the "
+                f"optimizer of '{target.model_name}' is already scheduled by {bound}: "
+                "unbind it (del the variable) or leave schedule out",
+                param="schedule",
+            )
+        batches = len(plan.train) if isinstance(plan.train, Sized) else None
+        if not batches:
+            raise TorchMagicError(
+                f"schedule={schedule!r} needs the number of batches per epoch: train has no len()",
+                param="schedule",
+            )
+        return math.ceil(batches / plan.accumulate)
+
+    @contextmanager
+    def _phase(
+        self, optimizer: torch.optim.Optimizer, phase: OneCyclePhase, total_steps: int
+    ) -> Iterator[None]:
+        """fine_tune's run under its own OneCycleLR (``total_steps`` 0: no schedule)."""
+        if not total_steps:
+            yield
+            return
+        with one_cycle_phase(optimizer, phase, total_steps) as scheduler:
+            self._phase_schedulers = (scheduler,)
+            try:
+                yield
+            finally:
+                self._phase_schedulers = ()
+
+
+def _checked_bn(policy: str) -> str:
+    if policy not in POLICIES:
+        raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
+    return policy
 
 
 def _checked_lr(lr: LrSpec) -> LrSpec:

@@ -73,6 +73,7 @@ class DeviceMagics(TopicMagics):
             model=words[0] if words else None,
             budget=parse_bytes(args.budget) if args.budget else None,
             max_batch=args.max,
+            effective_batch=args.effective_batch,
         )
         return render.render(report, self.width)
 
@@ -188,6 +189,14 @@ class DeviceMagics(TopicMagics):
         "(default: the RAM available)",
     )
     @argument(
+        "--effective-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with batch: the samples wanted per optimizer step; says which --accum and batch "
+        "size reach them",
+    )
+    @argument(
         "--optimizer",
         dest="optimizer_class",
         default=None,
@@ -219,7 +228,7 @@ class DeviceMagics(TopicMagics):
             "the largest batch whose training step fits on the session's device",
             words="[MODEL]",
             arity=(0, 1),
-            options=("--input-shape", "--max", "--budget"),
+            options=("--input-shape", "--max", "--budget", "--effective-batch"),
         ),
     )
     @line_magic

@@ -11,7 +11,9 @@ from IPython.display import display
 
 from .. import render
 from ..core import TorchMagicError
+from ..core.surgery.batchnorm import POLICIES
 from ..core.training.amp import MODES
+from ..core.training.recipe import SCHEDULES
 from .base import OPT, Subcommand, TopicMagics, parse, subcommands
 
 _MODE_WORDS = f"[{'|'.join(MODES)}]"
@@ -23,6 +25,21 @@ MODEL_AND_TRAIN = argument(
     nargs="+",
     metavar="[MODEL] TRAIN_LOADER",
     help="the model variable (default: the current model) and the training loader",
+)
+ACCUM = argument(
+    "--accum",
+    dest="accumulate",  # the Python parameter: refusals name the flag
+    type=int,
+    default=1,
+    metavar="N",
+    help="gradient accumulation: one optimizer step per N batches, each loss divided by N",
+)
+CLIP = argument(
+    "--clip",
+    type=float,
+    default=None,
+    metavar="NORM",
+    help="clip the total gradient norm to NORM before each step (after unscaling under fp16)",
 )
 LOSS = argument(
     "--loss",
@@ -165,6 +182,8 @@ class TrainingMagics(TopicMagics):
         action="store_true",
         help="load the best epoch's weights back at the end (one host copy of the weights)",
     )
+    @ACCUM
+    @CLIP
     @OPT
     @line_magic
     def fit(self, line: str):
@@ -193,6 +212,8 @@ class TrainingMagics(TopicMagics):
                 monitor=args.monitor,
                 early_stop=args.early_stop,
                 keep_best=args.keep_best,
+                accumulate=args.accumulate,
+                clip=args.clip,
             )
         return render.render(history, self.width)
 
@@ -244,12 +265,30 @@ class TrainingMagics(TopicMagics):
         metavar="X",
         help="the head's base lr; the body gets X/100..X (default: the head group's base lr)",
     )
+    @argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="one-cycle: a fresh OneCycleLR per phase (fastai's: head pct 0.99 div 25, "
+        "unfrozen pct 0.3 div 5)",
+    )
+    @argument(
+        "--bn",
+        choices=POLICIES,
+        default=None,
+        help="the frozen body's BatchNorm in the head phase (train: fastai's train_bn; "
+        "default: the session's policy)",
+    )
+    @ACCUM
+    @CLIP
     @LOSS
     @OPT
     @line_magic
     def fine_tune(self, line: str):
         """fastai's recipe as the session's own commands, each in the history: freeze all
-        but the head, fit --freeze-epochs, unfreeze every block at lr=X/100:X, fit --epochs."""
+        but the head (--bn for its BatchNorm), fit --freeze-epochs, unfreeze every block at
+        lr=X/100:X, fit --epochs; --schedule one-cycle runs each fit under its own
+        OneCycleLR."""
         args = parse(self.fine_tune, line)
         with self.refusals(self.fine_tune):
             model, train = self._model_and_loader(args.names)
@@ -263,6 +302,10 @@ class TrainingMagics(TopicMagics):
                 loss=args.loss,
                 optimizer=args.optimizer,
                 observer=self._progress(),
+                accumulate=args.accumulate,
+                clip=args.clip,
+                schedule=args.schedule,
+                bn=args.bn,
             )
         return render.render(result, self.width)
 

@@ -24,7 +24,7 @@ from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
 from ..core.training.lr_find import LrFindResult
-from ..core.training.recipe import FineTuneResult
+from ..core.training.recipe import HEAD_PHASE, UNFROZEN_PHASE, FineTuneResult, OneCyclePhase
 from ..core.zoo import LoadedModel
 from . import (
     chart,
@@ -66,9 +66,22 @@ def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
 def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
     """The recipe's commands in order, then its two runs side by side (with the chart)."""
     steps = [result.freeze, result.unfreeze]
-    parts = [surgery.change(c, width).renderable for c in steps if c is not None]
+    parts: list = [surgery.change(c, width).renderable for c in steps if c is not None]
+    if result.schedule is not None:
+        parts.append(
+            Text(
+                f"each run under its own {result.schedule} schedule: head phase "
+                f"{_phase_text(HEAD_PHASE)}, unfrozen phase {_phase_text(UNFROZEN_PHASE)}; "
+                "after each, every group's lr is its base lr again",
+                style=theme.style("dim"),
+            )
+        )
     runs = [h for h in (result.head_fit, result.full_fit) if h is not None]
     return training.HistoryView(Group(*parts, training.fits(runs, width).renderable), runs, width)
+
+
+def _phase_text(phase: OneCyclePhase) -> str:
+    return f"warm-up {100 * phase.pct_start:g} % from base/{phase.div:g}"
 
 
 def _cell_memory(result: CellMemory, width: int | None = None) -> Rendered:

@@ -209,4 +209,21 @@ def batch_size(report: BatchSizeReport, width: int | None = None) -> Rendered:
                 style=theme.style("dim"),
             ),
         )
-    return Rendered(Group(head, drawn), width)
+    return Rendered(Group(head, drawn, *_accumulation(report)), width)
+
+
+def _accumulation(report: BatchSizeReport) -> list[Text]:
+    """How gradient accumulation reaches the effective batch asked for (none asked: nothing)."""
+    if report.effective_batch is None:
+        return []
+    if report.accumulation is None:
+        return [Text(f"effective batch {report.effective_batch}: no batch fits to accumulate")]
+    accumulate, micro = report.accumulation
+    if accumulate == 1:
+        how = f"one batch of {report.effective_batch} fits: no accumulation needed"
+    else:
+        how = (
+            f"--accum {accumulate} with batches of {micro} "
+            f"({accumulate * micro} samples per optimizer step)"
+        )
+    return [Text(f"effective batch {report.effective_batch}: {how}", style=theme.style("info"))]

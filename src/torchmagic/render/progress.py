@@ -24,7 +24,7 @@ from ..core.training.fit import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Fitted, Rendered, human
-from .training import epoch_table, group_names, lr_text, unfrozen_text
+from .training import epoch_table, group_names, lr_text, step_text, unfrozen_text
 
 BAR_WIDTH = 30
 
@@ -42,6 +42,7 @@ def _start_text(start: FitStart) -> str:
     return (
         f"{start.label} · {start.model_name} · {start.precision}"
         + (" · cached features" if start.cached_features else "")
+        + step_text(start.accumulate, start.clip)
         + (f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}" if start.epochs else "")
         + (f" · max {start.max_steps} steps" if start.max_steps is not None else "")
         + f" · schedulers: {schedules or 'none'}"

@@ -117,10 +117,18 @@ def _ending(h: FitHistory) -> Text:
     return Text("completed", style=theme.style("ok"))
 
 
+def step_text(accumulate: int, clip: float | None) -> str:
+    """' · 4 batches per step · clip 1' — only what differs from a plain step."""
+    return (f" · {accumulate} batches per step" if accumulate > 1 else "") + (
+        f" · clip {clip:g}" if clip is not None else ""
+    )
+
+
 def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
     title = (
         f"{history.label} · {history.model_name} · {history.precision}"
         + (" · cached features" if history.cached_features else "")
+        + step_text(history.accumulate, history.clip)
         + f" · {history.steps} steps · {human(history.samples_per_s)} samples/s"
         + f" · {history.seconds:.1f} s"
     )
@@ -153,6 +161,9 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
         ("features", ["cached" if h.cached_features else "computed" for h in histories]),
         ("ended", ["stopped" if h.stopped else "completed" for h in histories]),
     ]
+    if any(h.accumulate > 1 or h.clip is not None for h in histories):
+        rows.insert(3, ("batches/step", [str(h.accumulate) for h in histories]))
+        rows.insert(4, ("clip", ["" if h.clip is None else f"{h.clip:g}" for h in histories]))
     for label, values in rows:
         drawn.add_row(label, *values)
     return HistoryView(drawn, histories, width)

@@ -8,6 +8,12 @@ gradients, optimizer state, BatchNorm statistics, the RNG) is snapshotted to the
 before and restored after; the user's GradScaler is never used (fp16 probes get their
 own). On the CPU the steps are measured by counting the bytes of live tensors, and the
 answer is checked on a meta-device replica against a budget (no step at a large batch).
+
+Given the ``effective_batch`` wanted per optimizer step, the report also says how to
+reach it by gradient accumulation: the fewest micro-batches that fit (``accumulate`` =
+⌈effective / largest⌉), each of ⌈effective / accumulate⌉ samples — the smallest size
+that reaches the target with that many, so a step holds at least ``effective_batch``
+samples and fewer than ``accumulate`` more.
 """
 
 from __future__ import annotations
@@ -53,6 +59,37 @@ class BatchSizeReport:
     backoffs: int  # out-of-memory errors (CUDA) or failed checks while confirming
     capped: bool  # the answer is max_batch, not the memory limit
     seconds: float
+    effective_batch: int | None = None  # samples wanted per optimizer step
+
+    @property
+    def accumulation(self) -> tuple[int, int] | None:
+        """(accumulate, micro-batch size) reaching ``effective_batch`` with batches that
+        fit; None without a target or when no batch fits."""
+        if self.effective_batch is None or not self.batch:
+            return None
+        return accumulation_for(self.effective_batch, self.batch)
+
+
+def accumulation_for(effective: int, largest: int) -> tuple[int, int]:
+    """(accumulate, micro-batch size): the fewest micro-batches of at most ``largest``
+    samples adding up to at least ``effective``, each as small as that allows."""
+    accumulate = math.ceil(effective / largest)
+    return accumulate, math.ceil(effective / accumulate)
+
+
+def check_effective_batch(effective_batch: object) -> int | None:
+    if effective_batch is None:
+        return None
+    if (
+        isinstance(effective_batch, bool)
+        or not isinstance(effective_batch, int)
+        or effective_batch < 1
+    ):
+        raise TorchMagicError(
+            f"effective_batch must be a whole number of samples ≥ 1, got {effective_batch!r}",
+            param="effective_batch",
+        )
+    return effective_batch
 
 
 class _Snapshot:

@@ -1,5 +1,14 @@
 """Mixed precision that picks itself: the autocast dtype per device, the GradScaler that
-fp16 needs (and bf16 does not), and one correct training step for hand-written loops.
+fp16 needs (and bf16 does not), and one correct training step for hand-written loops,
+with gradient accumulation and clipping.
+
+The step: (scaled) backward → [every ``accumulate`` micro-batches:] unscale (fp16) →
+clip the total gradient norm of the optimizer's parameters → step → scaler update →
+zero_grad. With ``accumulate=N`` each micro-batch's loss is divided by N before its
+backward (the gradients add up to the mean over the window, as in Lightning's
+``accumulate_grad_batches`` and fastai's ``GradientAccumulation``); a window closed
+early (``last``: the epoch's last batch) steps on what it holds, still divided by N.
+Clipping comes after unscaling, so ``clip`` is a bound on the true gradient norm.
 
 Only ``torch.autocast`` and ``torch.amp.GradScaler`` are used — never the deprecated
 ``torch.cuda.amp`` spellings, never ``model.half()``.
@@ -8,6 +17,7 @@ Only ``torch.autocast`` and ``torch.amp.GradScaler`` are used — never the depr
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -169,6 +179,11 @@ class AmpController:
             device_type=device_type or self.device_type, dtype=dtype or self.dtype
         )
 
+    @property
+    def active_scaler(self) -> torch.amp.GradScaler | None:
+        """The GradScaler a step uses now: the session's, while fp16 is on."""
+        return self.scaler if self.enabled else None
+
     def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
         """backward → (unscale) step → scaler update → zero_grad, outside autocast.
 
@@ -176,21 +191,52 @@ class AmpController:
         any parameter of the optimizer) the scaler is skipped: ``GradScaler.step`` refuses
         an optimizer without recorded inf checks.
         """
-        return scaled_step(loss, optimizer, self.scaler if self.enabled else None)
+        return scaled_step(loss, optimizer, self.active_scaler)
 
 
-def scaled_step(
-    loss: torch.Tensor | None,
+def check_accumulate(accumulate: object) -> int:
+    """``accumulate``: micro-batches per optimizer step, a whole number ≥ 1."""
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise TorchMagicError(
+            f"accumulate must be a whole number of batches ≥ 1, got {accumulate!r}",
+            param="accumulate",
+        )
+    return accumulate
+
+
+def check_clip(clip: object) -> float | None:
+    """``clip``: the largest total gradient norm, a positive finite number (None: no clip)."""
+    if clip is None:
+        return None
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not (0 < clip < math.inf):
+        raise TorchMagicError(f"clip must be a positive gradient norm, got {clip!r}", param="clip")
+    return float(clip)
+
+
+def clip_gradients(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, max_norm: float
+) -> torch.Tensor:
+    """Unscale (fp16: so the norm is the true one), then scale the gradients of the
+    optimizer's parameters down to a total 2-norm of at most ``max_norm``; returns the
+    norm before clipping (inf/NaN when a gradient is: the scaler then skips the step)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grads = [p for p in optimizer_params(optimizer) if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(grads, max_norm)
+
+
+def optimizer_step(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
+    clip: float | None = None,
 ) -> bool:
-    """(scaled) backward → (unscale) step → scaler update → zero_grad; returns whether the
-    optimizer stepped (not when no gradient reached it: ``GradScaler.step`` refuses an
-    optimizer without recorded inf checks). ``loss`` None: nothing to backpropagate."""
-    if loss is not None:
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+    """(unscale and clip) → step → scaler update → zero_grad on the gradients the
+    parameters hold; returns whether the optimizer stepped (not when no gradient reached
+    it: ``GradScaler.step`` refuses an optimizer without recorded inf checks)."""
     has_grads = any(p.grad is not None for p in optimizer_params(optimizer))
     if has_grads:
+        if clip is not None:
+            clip_gradients(optimizer, scaler, clip)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -198,6 +244,50 @@ def scaled_step(
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return has_grads
+
+
+def scaled_step(
+    loss: torch.Tensor | None,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+) -> bool:
+    """(scaled) backward → :func:`optimizer_step`; ``loss`` None: nothing to
+    backpropagate."""
+    if loss is not None:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    return optimizer_step(optimizer, scaler)
+
+
+class Accumulation:
+    """One optimizer step per ``every`` micro-batches (a window): each loss is
+    backpropagated divided by ``every``; the window's last micro-batch (or one marked
+    ``last``) steps, clipping at ``clip``. ``pending``: micro-batches in the open window."""
+
+    def __init__(self, every: int = 1, clip: float | None = None) -> None:
+        self.every = check_accumulate(every)
+        self.clip = check_clip(clip)
+        self.pending = 0
+
+    def add(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        last: bool = False,
+    ) -> bool:
+        """Backpropagate ``loss`` / ``every``; step when the window is full or ``last``.
+        Returns whether the optimizer stepped (False while the window is open)."""
+        share = loss / self.every if self.every > 1 else loss
+        (scaler.scale(share) if scaler is not None else share).backward()
+        self.pending += 1
+        if self.pending < self.every and not last:
+            return False
+        return self.close(optimizer, scaler)
+
+    def close(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> bool:
+        """Step on what the window holds (a partial window at an epoch's end)."""
+        self.pending = 0
+        return optimizer_step(optimizer, scaler, self.clip)
 
 
 @contextmanager

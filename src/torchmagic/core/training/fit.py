@@ -17,6 +17,14 @@ flight. On that stop:
   nothing); the stop message counts the parameter and optimizer-state tensors that now
   hold NaN/inf.
 
+Gradient accumulation and clipping (``FitPlan.accumulate``, ``FitPlan.clip``; the
+step itself is ``amp.Accumulation``): one optimizer step per ``accumulate`` loader
+batches, each loss divided by ``accumulate``. A *step* is an optimizer step everywhere:
+``max_steps``, the per-batch schedulers, the progress and the history count them. The
+epoch's last, partial window steps on the batches it holds (as Lightning does; still
+divided by ``accumulate``, so it moves less); a window cut by Ctrl-C is dropped, never
+stepped. Losses are read at check points after an optimizer step.
+
 Progressive unfreezing, early stop and keep-best (``FitPlan.pacing``) are decided in
 ``progressive`` after each epoch's validation; the unfreeze itself is the session's.
 
@@ -29,6 +37,7 @@ excluded), so ``data_wait_s / wall_s`` is the share of training time spent waiti
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -48,7 +57,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..errors import TorchMagicError
 from ..modules import walk
 from . import feature_cache
-from .amp import AmpController
+from .amp import Accumulation, AmpController, check_accumulate, check_clip
 from .data import call_model, load_batch, next_epoch_indices, split_batch, to_device
 from .progressive import BestWeights, Pacer, Pacing, Unfrozen, check_pacing
 from .schedule_steps import SCHED_STEPS, SchedStep, ScheduleChoice, plan_schedules
@@ -93,11 +102,15 @@ class FitStart:
     precision: str
     cached_features: bool
     schedules: tuple[ScheduleChoice, ...]
+    accumulate: int = 1  # loader batches per optimizer step
+    clip: float | None = None  # the largest total gradient norm
 
 
 @dataclass(frozen=True)
 class StepInfo:
-    """A progress snapshot: sent to the observer at most every ``refresh_seconds``."""
+    """A progress snapshot: sent to the observer at most every ``refresh_seconds``.
+    Steps are optimizer steps: ``batch`` of ``batches`` counts this epoch's (one per
+    ``accumulate`` loader batches), ``step`` the run's."""
 
     epoch: int
     epochs: int
@@ -144,6 +157,8 @@ class FitHistory:
     best_epoch: int | None = None  # keep_best: the epoch whose weights the model holds now
     data_wait_s: float = 0.0  # waiting for batches (see the module docstring)
     wall_s: float = 0.0  # the training passes' time, validation excluded
+    accumulate: int = 1  # loader batches per optimizer step (``steps`` counts these steps)
+    clip: float | None = None  # the largest total gradient norm
 
     @property
     def samples_per_s(self) -> float:
@@ -212,6 +227,8 @@ class FitPlan:
     label: str = ""
     observer: FitObserver = field(default_factory=_Silent)
     pacing: Pacing | None = None
+    accumulate: int = 1  # loader batches per optimizer step
+    clip: float | None = None  # clip the total gradient norm to this before each step
 
     def batch_source(self) -> _LoaderBatches | _CachedFeatureBatches:
         """Where the run's batches come from: the loader through the whole model, or
@@ -295,6 +312,8 @@ def check_plan(plan: FitPlan) -> None:
             f"sched_step must be 'batch', 'epoch' or None, got {plan.sched_step!r}",
             param="sched_step",
         )
+    check_accumulate(plan.accumulate)
+    check_clip(plan.clip)
     _check_batches(plan.train, "train")
     if plan.val is not None:
         _check_batches(plan.val, "val")
@@ -500,8 +519,7 @@ class _LossLedger:
     one host sync; the epoch's loss adds up the finite steps before the first bad one."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[torch.Tensor, int]] = []
-        self.first_pending_step = 1
+        self.pending: list[tuple[int, torch.Tensor, int]] = []  # (step, loss, samples)
         self.total = 0.0
         self.seen = 0
 
@@ -509,21 +527,19 @@ class _LossLedger:
         self.total, self.seen = 0.0, 0
 
     def add(self, step: int, loss: torch.Tensor, samples: int) -> None:
-        if not self.pending:
-            self.first_pending_step = step
-        self.pending.append((loss, samples))
+        """One batch's loss, for the optimizer step ``step`` it is part of."""
+        self.pending.append((step, loss, samples))
 
     def settle(self) -> tuple[int, float] | None:
         """(step, loss) of the first non-finite loss since the last check, else None."""
         if not self.pending:
             return None
-        values = torch.stack([loss.float() for loss, _ in self.pending]).tolist()
-        sizes = [n for _, n in self.pending]
-        first = self.first_pending_step
+        values = torch.stack([loss.float() for _, loss, _ in self.pending]).tolist()
+        pending = [(step, n) for step, _, n in self.pending]
         self.pending.clear()
-        for offset, (value, n) in enumerate(zip(values, sizes, strict=True)):
+        for (step, n), value in zip(pending, values, strict=True):
             if value != value or value in (float("inf"), float("-inf")):
-                return first + offset, value
+                return step, value
             self.total += value * n
             self.seen += n
         return None
@@ -570,14 +586,21 @@ def _clear_grads(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         p.grad = None
 
 
+def forward_loss(
+    plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
+) -> torch.Tensor:
+    """The batch's loss under the plan's AMP policy (autocast covers forward and loss)."""
+    with plan.amp.autocast():
+        output = _main_output(call_model(forward, inputs))
+        return plan.loss_fn(output, targets)
+
+
 def train_step(
     plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
 ) -> torch.Tensor:
-    """One optimizer step under the plan's AMP policy and loss; the loss stays on the
-    device (reading it is the caller's choice: a host sync)."""
-    with plan.amp.autocast():
-        output = _main_output(call_model(forward, inputs))
-        loss = plan.loss_fn(output, targets)
+    """One optimizer step on one batch (no accumulation, no clipping: the lr range test's
+    step); the loss stays on the device (reading it is the caller's choice: a host sync)."""
+    loss = forward_loss(plan, forward, inputs, targets)
     plan.amp.step(loss, plan.optimizer)
     return loss.detach()
 
@@ -595,6 +618,12 @@ class _Trainer:
         self.source = plan.batch_source()
         self.schedule = plan_schedules(plan.schedulers, plan.sched_step)
         self.batches_per_epoch = _length(plan.train)
+        self.window = Accumulation(plan.accumulate, plan.clip)
+        self.steps_per_epoch = (
+            None
+            if self.batches_per_epoch is None
+            else math.ceil(self.batches_per_epoch / plan.accumulate)
+        )
         self.check_seconds = min(plan.observer.refresh_seconds, CHECK_SECONDS)
         self.ledger = _LossLedger()
         self.batchnorm = _BatchNormSnapshot(plan.model)
@@ -624,14 +653,46 @@ class _Trainer:
     def _stopping(self, reason: StopReason, message: str) -> None:
         self.stop, self.stop_message = reason, message
 
-    # -- one optimizer step ----------------------------------------------------------
+    # -- one batch, one optimizer step per window --------------------------------------
 
-    def _step(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> None:
-        loss = train_step(self.plan, forward, inputs, targets)
+    def _batch(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> bool:
+        """Backpropagate one batch into the window; returns whether it closed the window
+        (an optimizer step)."""
+        plan = self.plan
+        loss = forward_loss(plan, forward, inputs, targets)
+        self.ledger.add(self.steps + 1, loss.detach(), len(targets))
+        self.window.add(loss, plan.optimizer, plan.amp.active_scaler)
+        if self.window.pending:
+            return False
+        self._stepped()
+        return True
+
+    def _close_window(self) -> None:
+        """The epoch's last, partial window: step on what it holds."""
+        self.window.close(self.plan.optimizer, self.plan.amp.active_scaler)
+        self._stepped()
+
+    def _stepped(self) -> None:
         self.steps += 1
-        self.ledger.add(self.steps, loss, len(targets))
         self.trained_lrs = self._group_lrs()
         self.schedule.after_step()
+
+    def _at_max_steps(self) -> bool:
+        """Whether the run has made ``max_steps`` optimizer steps (then it stops)."""
+        max_steps = self.plan.max_steps
+        if max_steps is None or self.steps < max_steps:
+            return False
+        self._stopping(StopReason.MAX_STEPS, f"reached max_steps={max_steps}")
+        return True
+
+    def _interrupted(self) -> str:
+        dropped = self.window.pending
+        held = (
+            f" (the {dropped} batch{'es' if dropped != 1 else ''} accumulated since were dropped)"
+            if dropped
+            else ""
+        )
+        return f"interrupted; the last completed step is {self.steps}{held}"
 
     # -- check points ----------------------------------------------------------------
 
@@ -679,22 +740,23 @@ class _Trainer:
     def _train_epoch(self, epoch: int) -> _EpochRun:
         plan = self.plan
         self.ledger.start_epoch()
-        samples = batch_index = 0
+        samples = batch_index = epoch_steps = 0
         complete = False
         start = last_check = last_redraw = perf_counter()
         waited_before = self.source.wait_s
         iterator = self.source.batches(epoch)
         while True:
             if self.interrupt_requested:  # Ctrl-C during the last step or the validation
-                self._stopping(
-                    StopReason.INTERRUPTED, f"interrupted; the last completed step is {self.steps}"
-                )
+                self._stopping(StopReason.INTERRUPTED, self._interrupted())
                 break
             try:
                 forward, inputs, targets = next(iterator)
-                self._step(forward, inputs, targets)
+                stepped = self._batch(forward, inputs, targets)
             except StopIteration:
                 complete = True
+                if self.window.pending:
+                    self._close_window()
+                    self._at_max_steps()
                 break
             except KeyboardInterrupt:  # raised where no handler could defer it
                 self.interrupt_requested = True
@@ -702,8 +764,10 @@ class _Trainer:
             samples += len(targets)
             self.samples += len(targets)
             batch_index += 1
-            if plan.max_steps is not None and self.steps >= plan.max_steps:
-                self._stopping(StopReason.MAX_STEPS, f"reached max_steps={plan.max_steps}")
+            if not stepped:  # the window is open: no step to count or check yet
+                continue
+            epoch_steps += 1
+            if self._at_max_steps():
                 complete = batch_index == self.batches_per_epoch
                 break
             now = perf_counter()
@@ -719,8 +783,8 @@ class _Trainer:
                         epoch=epoch + 1,
                         epochs=plan.epochs,
                         step=self.steps,
-                        batch=batch_index,
-                        batches=self.batches_per_epoch,
+                        batch=epoch_steps,
+                        batches=self.steps_per_epoch,
                         samples_per_s=samples / (now - start),
                         loss=self.ledger.epoch_loss,
                         lrs=tuple(float(lr) for lr in self._group_lrs()),
@@ -811,6 +875,8 @@ class _Trainer:
                 precision,
                 self.source.cached,
                 self.schedule.choices,
+                plan.accumulate,
+                plan.clip,
             )
         )
         try:
@@ -849,6 +915,8 @@ class _Trainer:
             best_epoch=best_epoch,
             data_wait_s=self.source.wait_s,
             wall_s=self.train_seconds,
+            accumulate=plan.accumulate,
+            clip=plan.clip,
         )
 
 
