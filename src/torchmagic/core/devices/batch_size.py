@@ -10,9 +10,9 @@ A binary search of real out-of-memory errors (as Lightning's ``Tuner.scale_batch
 does) needs a step per halving, several of them failing at the device's limit; here the
 probes are small and one step confirms. On CUDA the steps are real: everything a step
 changes (weights, gradients, optimizer state, BatchNorm statistics, the RNG) is
-snapshotted to the host before and restored after; the user's GradScaler is never used (fp16 probes get their
-own). On the CPU every step is the meta-device replica's (``%gpumem estimate``'s peak),
-checked against a budget: no real step runs and nothing on the model changes.
+snapshotted to the host before and restored after; the user's GradScaler is never used
+(fp16 probes get their own). On the CPU every step is the meta-device replica of
+``estimate.step_peak``, checked against a budget: no real step runs, nothing changes.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def find_batch_size(
     def measure(batch: int) -> BatchPoint | None:
         """Bytes a step at ``batch`` needs above what is allocated, per phase; None on out
         of memory. CUDA: a real step, the allocator's peak since each phase began. CPU: the
-        meta-device replica of ``%gpumem estimate``'s peak (a real CPU step at a large
+        meta-device replica of ``step_peak`` (a real CPU step at a large
         batch takes minutes; the replica runs the same autograd formulas, no compute)."""
         if device.type == "cpu":
             peak = step_peak(real, optimizer, (batch, *sample), amp_dtype=amp_dtype).phases
