@@ -170,6 +170,14 @@ class FitObserver(Protocol):
     def close(self) -> None: ...
 
 
+def discard_progress(observer: FitObserver) -> None:
+    """A run refused at its first step leaves no progress behind (the refusal is the one
+    line shown); ``discard`` is optional for observers."""
+    discard = getattr(observer, "discard", None)
+    if discard is not None:
+        discard()
+
+
 class _Silent:
     refresh_seconds = float("inf")
 
@@ -300,6 +308,12 @@ def check_plan(plan: FitPlan) -> None:
         _check_batches(plan.val, "val")
     if plan.pacing is not None:
         check_pacing(plan.pacing, plan.val is not None, plan.cache_features)
+    if not any(p.requires_grad for p in plan.model.parameters()):
+        raise TorchMagicError(
+            f"nothing to train: every parameter of `{plan.model_name}` is frozen "
+            "(unfreeze a block first)",
+            param="model",
+        )
 
 
 # -- pieces of the loop ------------------------------------------------------------------
@@ -535,7 +549,8 @@ class _LossLedger:
 
 class _BatchNormSnapshot:
     """The running statistics of every BatchNorm as they were at the last check point
-    whose losses were all finite (a few KB to MB: copied on the device)."""
+    whose losses were all finite, and before the batch in flight (a few KB to MB each:
+    copied on the device): a step that raises leaves no statistics of its batch."""
 
     def __init__(self, model: nn.Module) -> None:
         self.live = [
@@ -545,6 +560,7 @@ class _BatchNormSnapshot:
             for buffer in m.buffers(recurse=False)
         ]
         self.saved = [b.detach().clone() for b in self.live]
+        self.before_batch = [b.detach().clone() for b in self.live]
         self.step = 0
 
     def take(self, step: int) -> None:
@@ -556,6 +572,15 @@ class _BatchNormSnapshot:
         if self.live:
             with torch.no_grad():
                 torch._foreach_copy_(self.live, self.saved)
+
+    def take_batch(self) -> None:
+        if self.live:
+            torch._foreach_copy_(self.before_batch, self.live)
+
+    def restore_batch(self) -> None:
+        if self.live:
+            with torch.no_grad():
+                torch._foreach_copy_(self.live, self.before_batch)
 
 
 def _count_non_finite(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
@@ -570,14 +595,50 @@ def _clear_grads(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         p.grad = None
 
 
+def _shape_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Tensor:
+    """The loss of one batch. On the first step a loss that cannot take the model's
+    outputs and the batch's targets is refused in one line (nothing has trained yet);
+    a loss that is not one number is refused at any step (backward needs a scalar)."""
+    try:
+        loss = plan.loss_fn(output, targets)
+    except TorchMagicError:
+        raise
+    except (TypeError, ValueError, RuntimeError, IndexError, AttributeError) as error:
+        if not first:
+            raise
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise TorchMagicError(
+            f"the loss fails on the first batch (outputs: {_shape_of(output)}, targets: "
+            f"{_shape_of(targets)}): {type(error).__name__}" + (f": {text}" if text else ""),
+            param="loss",
+        ) from error
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TorchMagicError(
+            f"the loss must return one number (a tensor with one element), got {_shape_of(loss)}",
+            param="loss",
+        )
+    return loss
+
+
 def train_step(
-    plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
+    plan: FitPlan,
+    forward: Callable[[Any], Any],
+    inputs: Any,
+    targets: torch.Tensor,
+    first: bool = False,
 ) -> torch.Tensor:
     """One optimizer step under the plan's AMP policy and loss; the loss stays on the
-    device (reading it is the caller's choice: a host sync)."""
+    device (reading it is the caller's choice: a host sync). ``first``: the run's first
+    step, where a loss that does not fit is a refusal (see :func:`_loss_of`)."""
     with plan.amp.autocast():
         output = _main_output(call_model(forward, inputs))
-        loss = plan.loss_fn(output, targets)
+        loss = _loss_of(plan, output, targets, first)
     plan.amp.step(loss, plan.optimizer)
     return loss.detach()
 
@@ -627,7 +688,12 @@ class _Trainer:
     # -- one optimizer step ----------------------------------------------------------
 
     def _step(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> None:
-        loss = train_step(self.plan, forward, inputs, targets)
+        self.batchnorm.take_batch()
+        try:
+            loss = train_step(self.plan, forward, inputs, targets, first=self.steps == 0)
+        except BaseException:  # the batch's forward may have moved the statistics
+            self.batchnorm.restore_batch()
+            raise
         self.steps += 1
         self.ledger.add(self.steps, loss, len(targets))
         self.trained_lrs = self._group_lrs()
@@ -686,8 +752,15 @@ class _Trainer:
         iterator = self.source.batches(epoch)
         while True:
             if self.interrupt_requested:  # Ctrl-C during the last step or the validation
+                # right after an epoch's last batch the epoch is whole (its schedulers step)
+                complete = batch_index > 0 and batch_index == self.batches_per_epoch
+                cut = ""
+                if batch_index and not complete:
+                    of = f" of {self.batches_per_epoch}" if self.batches_per_epoch else ""
+                    cut = f"; epoch {epoch + 1} was cut after {batch_index}{of} batches"
                 self._stopping(
-                    StopReason.INTERRUPTED, f"interrupted; the last completed step is {self.steps}"
+                    StopReason.INTERRUPTED,
+                    f"interrupted; the last completed step is {self.steps}{cut}",
                 )
                 break
             try:
@@ -827,6 +900,10 @@ class _Trainer:
                     if self.stop is not None:
                         break
                 best_epoch = self._keep_best(epochs)
+        except TorchMagicError:
+            if not self.steps:
+                discard_progress(plan.observer)
+            raise
         finally:
             _clear_grads(plan.model, plan.optimizer)
             stopped = getattr(plan.observer, "on_stop", None)  # optional for observers
