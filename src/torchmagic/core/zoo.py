@@ -367,7 +367,7 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
     full = _timm_name(name, spec)
     if not timm.is_model(full):
         raise _unknown(full, timm.list_models(), "timm")
-    overlay: dict[str, str] = {}
+    overlay: dict[str, Any] = {}
     if pretrained:
         cfg = timm.models.get_pretrained_cfg(full)
         if cfg is None:
@@ -378,9 +378,8 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
         elif (offline := _hub_offline()) is not None:
             raise _fetch_failed(full, f"timm:{name}", offline, "the Hugging Face cache")
     try:
-        model = timm.create_model(
-            full, pretrained=pretrained, **({"pretrained_cfg_overlay": overlay} if overlay else {})
-        )
+        extra: dict[str, Any] = {"pretrained_cfg_overlay": overlay} if overlay else {}
+        model = timm.create_model(full, pretrained=pretrained, **extra)
     except pickle.UnpicklingError as error:
         raise _unsafe_pickle(f"timm:{full}", error) from None
     except OSError as error:  # the hub's offline / not-found errors are OSErrors

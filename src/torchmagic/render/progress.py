@@ -226,7 +226,7 @@ class NotebookProgress:
         """A refused run: the drawing is emptied and ``close`` draws no summary."""
         if self.handle is not None:
             self._draw(Text(""))
-        self.handle = self.show = None
+        self.handle = None
 
     def close(self) -> None:
         """The live view becomes the one-line summary (nothing, if nothing was drawn)."""

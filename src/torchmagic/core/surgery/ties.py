@@ -13,7 +13,7 @@ one place is different: its other place keeps the old one (``by_module=False``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -117,12 +117,11 @@ def find(
     if not again and not tied:
         return []
     blocks = list(blocks)
+    is_inside: Callable[[str], bool]
     if by_module:
-        edited = Inside(model, blocks)
-        is_inside = edited.parameter
+        is_inside = Inside(model, blocks).parameter
     else:
-        names_inside = inside_names(blocks)
-        is_inside = names_inside.__contains__
+        is_inside = inside_names(blocks).__contains__
     found = []
     for p, names in _names(model).values():
         mine = tuple(n for n in names if is_inside(n))
