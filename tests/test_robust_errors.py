@@ -254,7 +254,9 @@ def test_a_batchnorm_shared_with_a_module_outside_keeps_training_and_is_left_alo
 
 
 def test_as_accepts_only_a_free_variable_name(ip):
-    ip.run_cell("import os, torch\nfrom torch import nn\nother = nn.Linear(2, 2)").raise_error()
+    ip.run_cell(
+        "import os, torch\nfrom torch import nn\nother, spare = nn.Linear(2, 2), None"
+    ).raise_error()
     session = loaded(ip).session
     bound = dict(ip.user_ns)
     for name, why in [
@@ -277,8 +279,10 @@ def test_as_accepts_only_a_free_variable_name(ip):
     assert ip.user_ns.keys() == bound.keys()
     assert all(ip.user_ns[k] is v for k, v in bound.items() if not k.startswith("_"))
     assert not session.loaded and ip.run_cell("len('abc')").result == 3
-    ip.run_line_magic("load_model", "resnet18 --weights none --as other")  # a model: replaced
-    assert isinstance(ip.user_ns["other"], nn.Module) and session.loaded.keys() == {"other"}
+    for name in ("other", "spare"):  # a model, or None: replaced
+        ip.run_line_magic("load_model", f"resnet18 --weights none --as {name}")
+        assert type(ip.user_ns[name]).__name__ == "ResNet"
+    assert session.loaded.keys() == {"other", "spare"}
 
 
 def test_timm_weights_must_be_a_tag_not_a_path(ip):

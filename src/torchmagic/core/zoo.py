@@ -186,7 +186,8 @@ def is_weights(value: object) -> bool:
 def check_binding(name: str, namespace: Mapping[str, object]) -> None:
     """Refuse a variable name a built model may not take: not an identifier, a keyword,
     a builtin (binding ``__builtins__`` or ``len`` breaks every later cell), one of the
-    names bound beside the model, or a name bound to something that is not a model."""
+    names bound beside the model, or a name bound to something that is not a model (or
+    None)."""
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise TorchMagicError(
             f"cannot bind the model to {name!r}: not a Python variable name", param="bind"
@@ -201,8 +202,8 @@ def check_binding(name: str, namespace: Mapping[str, object]) -> None:
             f"cannot bind the model to '{name}': that name receives the model's {name}",
             param="bind",
         )
-    held = namespace.get(name, None)
-    if name in namespace and not isinstance(held, nn.Module):
+    held = namespace.get(name)  # None (a placeholder) or a model: replaced
+    if held is not None and not isinstance(held, nn.Module):
         raise TorchMagicError(
             f"cannot bind the model to '{name}': it holds a {type(held).__name__}, not a "
             "model; choose another name or delete it first",

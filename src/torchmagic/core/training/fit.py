@@ -607,7 +607,7 @@ def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Ten
     a loss that is not one number is refused at any step (backward needs a scalar)."""
     try:
         loss = plan.loss_fn(output, targets)
-    except TorchMagicError:
+    except (TorchMagicError, torch.OutOfMemoryError):  # already one line; not the loss's
         raise
     except (TypeError, ValueError, RuntimeError, IndexError, AttributeError) as error:
         if not first:
