@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchmagic import TorchMagicError
+from torchmagic import TorchMagicError, render
 from torchmagic.core.devices.batch_size import find_batch_size
 from torchmagic.core.devices.estimate import _LiveBytes
 
@@ -114,3 +114,48 @@ def test_max_batch_caps_and_bad_input_is_refused():
 def test_a_budget_below_what_is_held_fits_nothing():
     model, opt = trained()
     assert find_batch_size(model, opt, SAMPLE, budget=1024).batch == 0
+
+
+def step_bound() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small conv net with a wide head under foreach AdamW: at batches 2 to 8 the
+    optimizer step (gradients plus temporaries, the same at every batch) is the step's
+    peak, so the peaks alone make a flat line; the backward still grows with the batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 16 * 16, 256),
+    )
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+
+def test_a_step_bound_peak_still_grows_with_the_budget_and_agrees_with_its_table():
+    model, opt = step_bound()
+    base = persistent(model, opt)
+    reports = [
+        find_batch_size(model, opt, SAMPLE, budget=base + mib * MiB) for mib in (16, 32, 64, 128)
+    ]
+    first = reports[0].points
+    assert first[0].step_bytes == first[-1].step_bytes  # the peaks alone: flat
+    assert first[0].phases[1] < first[-1].phases[1]  # the backward grows
+    answers = [r.batch for r in reports]
+    assert answers[0] > 0 and all(a < b for a, b in zip(answers, answers[1:], strict=False))
+    for r in reports:
+        assert r.phase in ("forward", "backward") and r.per_sample_bytes > 0
+        assert r.fixed_bytes + r.per_sample_bytes * r.batch <= r.capacity  # the line says fits
+        assert r.confirmed_bytes is not None and r.confirmed_bytes <= r.capacity
+        assert all(p.step_bytes <= r.capacity for p in r.points if p.batch <= r.batch)
+        text = str(render.render(r))
+        assert f"largest batch on cpu: {r.batch}" in text and "not even" not in text
+
+
+def test_nothing_fits_when_the_flat_optimizer_step_alone_is_over_the_budget():
+    model, opt = step_bound()
+    report = find_batch_size(model, opt, SAMPLE, budget=persistent(model, opt) + 2 * MiB)
+    step = report.points[0].phases[2]
+    assert step > report.capacity and report.batch == 0  # the step phase alone is too big
+    assert report.fixed_bytes + report.per_sample_bytes > report.capacity  # named truly
+    text = str(render.render(report))
+    assert f"not even a batch of 1 fits on cpu: the {report.phase} needs" in text

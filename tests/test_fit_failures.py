@@ -258,7 +258,10 @@ def test_the_progress_summary_of_an_interrupted_run_says_it_stopped():
     history = tm.fit(train, loss="loss", epochs=2, observer=render.NotebookProgress(show, 200))
     assert history.steps == 2 < len(train)
     last = str(drawn[-1]).splitlines()[-1]
-    assert last.endswith("· stopped: interrupted; the last completed step is 2")
+    assert last.endswith(
+        "· stopped: interrupted; the last completed step is 2; epoch 1 was cut after 2 of "
+        f"{len(train)} batches"
+    )
 
 
 def test_ctrl_c_during_validation_trains_no_further_step():

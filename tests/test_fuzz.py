@@ -34,8 +34,8 @@ def _block(width: int) -> nn.Module:
 
 
 def _namespace() -> dict:
-    """A tiny model that has trained one step, its optimizer and scheduler, and variables
-    of the wrong kinds (non-loaders among them)."""
+    """A tiny model that has trained one step, its optimizer and scheduler, a loader of
+    its batches, and variables of the wrong kinds (non-loaders among them)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         OrderedDict(
@@ -65,6 +65,7 @@ def _namespace() -> dict:
         "table": {"a": 1},
         "batch": torch.randn(4, 3),
         "nothing": None,
+        "train_loader": [(torch.randn(2, 3, 6, 6), torch.tensor([0, 2])) for _ in range(2)],
     }
 
 
@@ -136,7 +137,7 @@ NAMES = [
     "model", "optimizer", "scheduler", "x", "text", "pairs", "table", "batch", "nothing",
     "stem", "bn", "layer1", "layer2", "layer3", "pool", "flat", "fc", "auto", "layr1",
     "model.layer1", "model.fc", "model.layer1.0", "layer2.1", "nope", "module", "_orig_mod",
-    "model.module.fc", "In", "get_ipython",
+    "model.module.fc", "In", "get_ipython", "train_loader", "__builtins__", "len", "None",
 ]  # fmt: skip
 WORDS = [
     "history", "undo", "use", "fits", "doctor", "help", "move", "check", "pinbench", "reset",
@@ -250,7 +251,24 @@ SEEDS = {
     "unfreeze": ["layer1", "layer1-3 lr=1e-5:1e-4", "fc wd=0", "model --except stem"],
     "replace_head": ["fc 5", "auto 2", "model 4 --dropout 0.1", "model.fc 3 --dry-run"],
     "summary": ["", "model", "layer1 --depth 1", "--depth 3"],
-    "fit": ["pairs", "model batch", "text --epochs 1", "table --max-steps 1", "pairs --accum 2"],
+    "fit": [
+        "pairs",
+        "model batch",
+        "text --epochs 1",
+        "table --max-steps 1",
+        "pairs --accum 2",
+        "train_loader --max-steps 1 --loss model",  # issue 20: a TypeError on step 1
+        "train_loader --max-steps 1 --loss mse",  # shapes that do not broadcast
+    ],
+    "lr_find": ["train_loader --steps 3", "train_loader --loss model", "train_loader --loss mse"],
+    "load_model": [
+        *(
+            f"resnet18 --weights none --as {name}"
+            for name in ("__builtins__", "len", "In", "None", "a.b", "1abc", '""', "x", "weights")
+        ),
+        "timm:resnet18 --weights /tmp/weights.pth",
+        "timm:resnet18 --weights local-dir:/tmp/weights",
+    ],
     "amp": ["", "on", "off", "on bf16"],
     "device": ["", "cpu", "auto", "check", "move"],
     "gpumem": ["", "reset", "estimate", "estimate --input-shape 1,3,6,6", "watch on"],

@@ -150,11 +150,19 @@ def test_undo_goes_ahead_when_the_optimizer_made_since_holds_every_parameter():
     ns["optimizer"] = new = torch.optim.SGD(model.parameters(), lr=0.1)
     tm.undo()
     assert all(p.requires_grad for p in model.parameters())
-    assert len(new.param_groups[0]["params"]) == len(list(model.parameters()))
+    held = new.param_groups[0]["params"]
+    assert len(held) == len(list(model.parameters()))
+    assert all(any(p is q for q in held) for p in model.parameters())  # by identity
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     model(torch.randn(2, 3, 8, 8)).sum().backward()
     new.step()
-    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    # every parameter trains (it has a gradient); those whose gradient is clearly non-zero
+    # moved. A conv bias before a BatchNorm has a zero gradient in exact arithmetic (BN
+    # removes the mean), so whether its float changes is the CPU's rounding: not asserted.
+    assert all(p.grad is not None for p in model.parameters())
+    clear = {n for n, p in model.named_parameters() if p.grad.abs().max() > 1e-3}
+    assert {"body.0.weight", "fc.weight", "fc.bias"} <= clear
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters() if n in clear)
 
 
 def test_undo_of_an_unfreeze_without_optimizer_refuses_when_the_new_one_holds_the_block():

@@ -83,7 +83,7 @@ from .training.recipe import (
 )
 from .training.schedule_steps import SchedStep
 from .workspace import StaleOptimizerError, Workspace
-from .zoo import LoadedModel
+from .zoo import LoadedModel, check_binding
 from .zoo import load_model as build_model
 
 
@@ -531,6 +531,7 @@ class Session:
         bound when the build fails (offline without cached weights: one error line).
         ``head_command``: how history shows the head replacement (a magic passes its own
         spelling)."""
+        check_binding(bind, self.workspace.namespace)
         loaded = build_model(name, weights)
         namespace = self.workspace.namespace
         namespace[bind] = loaded.model

@@ -11,15 +11,30 @@ downloads. Building a model *with* weights downloads them once (into ``TORCH_HOM
 the Hugging Face cache); offline that fails with one line naming ``weights=None``.
 Hugging Face's image processors are downloads too, so offline only config-built models
 (``hf:vit``, a ``model_type``) work, without a preprocess.
+
+Offline is told at once, not after the hub's retries: the hubs' own settings
+(``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``), else one connection probe of the hub's
+endpoint with a short timeout, made only when something is not in the cache. Cached timm
+weights load from their file, cached Hugging Face models with ``local_files_only`` when
+the hub does not answer. A weights file that ``torch.load(weights_only=True)`` refuses
+(a pickle of arbitrary objects) is refused in one line.
 """
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import importlib.util
-from collections.abc import Callable
+import keyword
+import os
+import pickle
+import re
+import socket
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 from torch import nn
@@ -28,6 +43,10 @@ from .errors import TorchMagicError
 
 SOURCES = ("torchvision", "timm", "hf")
 NO_WEIGHTS = ("none", "None", "")
+BOUND_TOO = ("weights", "preprocess", "categories")  # bound beside the model
+PROBE_SECONDS = 1.5  # the hub's endpoint must answer a connection within this
+_OFFLINE_SETTINGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TAG = re.compile(r"^[A-Za-z0-9_]+$")  # timm's pretrained tags: a1_in1k, fb_in22k_ft_in1k
 
 
 @dataclass(frozen=True)
@@ -164,8 +183,95 @@ def is_weights(value: object) -> bool:
     )
 
 
-def _fetch_failed(what: str, name: str, error: BaseException, where: str) -> TorchMagicError:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+def check_binding(name: str, namespace: Mapping[str, object]) -> None:
+    """Refuse a variable name a built model may not take: not an identifier, a keyword,
+    a builtin (binding ``__builtins__`` or ``len`` breaks every later cell), one of the
+    names bound beside the model, or a name bound to something that is not a model (or
+    None)."""
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise TorchMagicError(
+            f"cannot bind the model to {name!r}: not a Python variable name", param="bind"
+        )
+    if name in vars(builtins) or name.startswith("__"):
+        raise TorchMagicError(
+            f"cannot bind the model to '{name}': it is a Python builtin; choose another name",
+            param="bind",
+        )
+    if name in BOUND_TOO:
+        raise TorchMagicError(
+            f"cannot bind the model to '{name}': that name receives the model's {name}",
+            param="bind",
+        )
+    held = namespace.get(name)  # None (a placeholder) or a model: replaced
+    if held is not None and not isinstance(held, nn.Module):
+        raise TorchMagicError(
+            f"cannot bind the model to '{name}': it holds a {type(held).__name__}, not a "
+            "model; choose another name or delete it first",
+            param="bind",
+        )
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _unsafe_pickle(what: str, error: pickle.UnpicklingError) -> TorchMagicError:
+    """``torch.load(weights_only=True)`` refused a file: name the object it met."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    met = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), "")
+    return TorchMagicError(
+        f"refused to load the weights of {what}: the file is a pickle that "
+        f"torch.load(weights_only=True) does not read"
+        + (f" ({met.rstrip('.')})" if met else "")
+        + "; use a safetensors file, or load it yourself if you trust where it came from",
+        param="name",
+    )
+
+
+def _hub_offline() -> str | None:
+    """Why the hub cannot be reached now, or None: the hubs' own offline settings, else
+    one connection probe of the hub's endpoint (a thread, so a hanging name lookup is cut
+    at the timeout too)."""
+    for setting in _OFFLINE_SETTINGS:
+        if os.environ.get(setting, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{setting} is set"
+    return _probe()
+
+
+def _probe(timeout: float = PROBE_SECONDS) -> str | None:
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    address = (url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+    failed: list[str] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+        except OSError as error:
+            failed.append(_first_line(error))
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(timeout + 0.2)
+    if probe.is_alive():
+        return f"the hub did not answer within {timeout:g} s"
+    return f"the hub cannot be reached: {failed[0]}" if failed else None
+
+
+def _hub_cached(repo: str, filenames: tuple[str, ...]) -> str | None:
+    """The cached path of the first of ``filenames`` in hub repo ``repo``, or None."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    for filename in filenames:
+        found = try_to_load_from_cache(repo, filename, cache_dir=constants.HF_HUB_CACHE)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def _fetch_failed(what: str, name: str, error: BaseException | str, where: str) -> TorchMagicError:
+    reason = error if isinstance(error, str) else _first_line(error)
     return TorchMagicError(
         f"cannot fetch the weights {what} ({reason}); offline? build '{name}' without "
         f"them with weights=None, or put the file in {where} first",
@@ -183,6 +289,8 @@ def _torchvision(name: str, spec: str | None, progress: bool) -> LoadedModel:
         )
     try:
         model = models.get_model(name, weights=weights, progress=progress)
+    except pickle.UnpicklingError as error:
+        raise _unsafe_pickle(f"{type(weights).__name__}.{weights.name}", error) from None
     except OSError as error:  # URLError, HTTPError, socket and disk errors
         raise _fetch_failed(
             f"{type(weights).__name__}.{weights.name}",
@@ -232,16 +340,49 @@ def timm_info(name: str, spec: str | None = "DEFAULT") -> WeightsInfo:
     )
 
 
+def _timm_file(cfg: Any) -> str | None:
+    """The weights file of a timm pretrained config when it is cached already."""
+    if getattr(cfg, "file", None):
+        return str(cfg.file)
+    if getattr(cfg, "hf_hub_id", None):
+        names = (cfg.hf_hub_filename,) if cfg.hf_hub_filename else ()
+        return _hub_cached(cfg.hf_hub_id, (*names, "model.safetensors", "pytorch_model.bin"))
+    if getattr(cfg, "url", None):
+        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(cfg.url))
+        return path if os.path.exists(path) else None
+    return None
+
+
 def _timm(name: str, spec: str | None) -> LoadedModel:
     import timm
     import timm.data
 
     pretrained = not _no_weights(spec)
+    if pretrained and str(spec).upper() != "DEFAULT" and not _TAG.match(str(spec)):
+        raise TorchMagicError(
+            f"timm weights are a pretrained tag such as a1_in1k (or DEFAULT, or None), not "
+            f"'{spec}': to use a file, build with weights=None and load it with "
+            "model.load_state_dict(torch.load(path, weights_only=True))",
+            param="weights",
+        )
     full = _timm_name(name, spec)
     if not timm.is_model(full):
         raise _unknown(full, timm.list_models(), "timm")
+    overlay: dict[str, Any] = {}
+    if pretrained:
+        cfg = timm.models.get_pretrained_cfg(full)
+        if cfg is None:
+            raise _unknown(full, timm.list_pretrained(name.partition(".")[0] + "*"), "timm")
+        cached = _timm_file(cfg)
+        if cached is not None:
+            overlay = {"file": cached}  # no hub request at all
+        elif (offline := _hub_offline()) is not None:
+            raise _fetch_failed(full, f"timm:{name}", offline, "the Hugging Face cache")
     try:
-        model = timm.create_model(full, pretrained=pretrained)
+        extra: dict[str, Any] = {"pretrained_cfg_overlay": overlay} if overlay else {}
+        model = timm.create_model(full, pretrained=pretrained, **extra)
+    except pickle.UnpicklingError as error:
+        raise _unsafe_pickle(f"timm:{full}", error) from None
     except OSError as error:  # the hub's offline / not-found errors are OSErrors
         raise _fetch_failed(full, f"timm:{name}", error, "the Hugging Face cache") from None
     config = timm.data.resolve_data_config({}, model=model)
@@ -270,16 +411,30 @@ def _hf(name: str, spec: str | None) -> LoadedModel:
         AutoModelForImageClassification,
     )
 
+    hub: dict[str, bool] = {}  # local_files_only when the hub does not answer
+    if (not _no_weights(spec) or "/" in name) and not os.path.isdir(name):
+        offline = _hub_offline()
+        if offline is not None:
+            if _hub_cached(name, ("config.json",)) is None:
+                raise _fetch_failed(
+                    name,
+                    f"hf:{name}",
+                    offline,
+                    "the Hugging Face cache (offline, only a model type such as hf:vit builds)",
+                )
+            hub = {"local_files_only": True}
     try:
         if not _no_weights(spec):
-            model = AutoModelForImageClassification.from_pretrained(name)
-            processor = AutoImageProcessor.from_pretrained(name)
+            model = AutoModelForImageClassification.from_pretrained(name, **hub)
+            processor = AutoImageProcessor.from_pretrained(name, **hub)
         elif "/" in name:
-            config = AutoConfig.from_pretrained(name)
+            config = AutoConfig.from_pretrained(name, **hub)
             model, processor = AutoModelForImageClassification.from_config(config), None
         else:  # a model type: a default config, built offline
             config = AutoConfig.for_model(name)
             model, processor = AutoModelForImageClassification.from_config(config), None
+    except pickle.UnpicklingError as error:
+        raise _unsafe_pickle(f"hf:{name}", error) from None
     except OSError as error:
         raise _fetch_failed(
             name,

@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..core.devices.batch_size import BatchSizeReport
+from ..core.devices.batch_size import PHASES, PROBES, BatchSizeReport
 from ..core.devices.estimate import Estimate, StepPeak
 from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from . import theme
@@ -177,17 +177,38 @@ def batch_size(report: BatchSizeReport, width: int | None = None) -> Rendered:
         why = "max_batch" if report.capped else "memory"
         head = Text(f"largest batch on {report.device}: {report.batch}", style=theme.style("ok"))
         head.append(f"  (limited by {why}; found in {report.seconds:.1f} s)", theme.style("dim"))
+    elif report.points and not report.phase:
+        head = Text(
+            f"the step's memory does not grow with the batch on {report.device}: memory sets "
+            "no limit (give a largest batch to consider)",
+            style=theme.style("warning"),
+        )
+    elif not report.points:
+        head = Text(
+            f"not even a batch of {PROBES[0]} fits on {report.device}", style=theme.style("error")
+        )
     else:
         head = Text(
-            f"not even a batch of {report.points[0].batch if report.points else 1} fits on "
-            f"{report.device}",
+            f"not even a batch of 1 fits on {report.device}: the {report.phase} needs more "
+            f"than the {human_bytes(report.capacity)} of room",
             style=theme.style("error"),
         )
-    drawn = _table("measured training steps")
+    how = "meta-device replica" if report.device == "cpu" else "measured"
+    drawn = _table(f"training steps ({how}), peak of each phase")
     for point in report.points:
-        drawn.add_row(f"batch {point.batch}", human_bytes(point.step_bytes), "")
+        drawn.add_row(
+            f"batch {point.batch}",
+            human_bytes(point.step_bytes),
+            Text(
+                " · ".join(
+                    f"{name.split()[-1]} {human_bytes(n)}"
+                    for name, n in zip(PHASES, point.phases, strict=True)
+                ),
+                style=theme.style("dim"),
+            ),
+        )
     drawn.add_row(
-        "fitted line",
+        f"fitted line, {report.phase}" if report.phase else "fitted line",
         human_bytes(report.per_sample_bytes),
         Text(
             f"per sample, on top of {human_bytes(report.fixed_bytes)}; room for the step: "

@@ -223,6 +223,12 @@ class NotebookProgress:
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
 
+    def discard(self) -> None:
+        """A refused run: the drawing is emptied and ``close`` draws no summary."""
+        if self.handle is not None:
+            self._draw(Text(""))
+        self.handle = None
+
     def close(self) -> None:
         """The live view becomes the one-line summary (nothing, if nothing was drawn)."""
         if self.handle is not None:
@@ -281,6 +287,12 @@ class TerminalProgress:
 
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
+
+    def discard(self) -> None:
+        """A refused run: the transient view goes and ``close`` prints no summary."""
+        if self.running:
+            self.live.stop()
+            self.running = False
 
     def close(self) -> None:
         if self.running:

@@ -1,13 +1,18 @@
-"""The largest batch whose training step fits: measure a few small real steps, fit the
-line (activation memory grows linearly with the batch), extrapolate, confirm at the answer.
+"""The largest batch whose training step fits: measure a few small steps, fit one
+line per phase (forward, backward, optimizer step: activation memory grows linearly with
+the batch), take the batch where the first phase runs out of room, confirm at the answer.
+
+The phases are fitted apart because at small batches the optimizer step (gradients plus a
+foreach optimizer's temporaries, the same at every batch) can be the step's peak: a line
+through the peaks alone would then be flat and say that nothing grows with the batch.
 
 A binary search of real out-of-memory errors (as Lightning's ``Tuner.scale_batch_size``
 does) needs a step per halving, several of them failing at the device's limit; here the
-probes are small and one step (CUDA) confirms. Everything a step changes (weights,
-gradients, optimizer state, BatchNorm statistics, the RNG) is snapshotted to the host
-before and restored after; the user's GradScaler is never used (fp16 probes get their
-own). On the CPU the steps are measured by counting the bytes of live tensors, and the
-answer is checked on a meta-device replica against a budget (no step at a large batch).
+probes are small and one step confirms. On CUDA the steps are real: everything a step
+changes (weights, gradients, optimizer state, BatchNorm statistics, the RNG) is
+snapshotted to the host before and restored after; the user's GradScaler is never used
+(fp16 probes get their own). On the CPU every step is the meta-device replica of
+``estimate.step_peak``, checked against a budget: no real step runs, nothing changes.
 
 Given the ``effective_batch`` wanted per optimizer step, the report also says how to
 reach it by gradient accumulation: the fewest micro-batches that fit (``accumulate`` =
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,17 +37,21 @@ from ..modules import unwrap
 from ..tensors import state_tensors, total_bytes
 from ..training.amp import scaled_step
 from . import hostmem
-from .estimate import _LiveBytes, step_peak
+from .estimate import step_peak
 from .placement import reference_device
 
 PROBES = (2, 4, 8)  # batch sizes measured first (2: BatchNorm1d needs more than one sample)
 MARGIN = 0.05  # capacity kept free on CUDA for the allocator's fragmentation
 
 
+PHASES = ("forward", "backward", "optimizer step")
+
+
 @dataclass(frozen=True)
 class BatchPoint:
     batch: int
     step_bytes: int  # the step's peak above what was allocated before it
+    phases: tuple[int, ...] = ()  # each phase's own peak, in the order of PHASES
 
 
 @dataclass(frozen=True)
@@ -52,8 +61,9 @@ class BatchSizeReport:
     device: str
     batch: int  # the largest batch that fits (0: not even the smallest probe)
     capacity: int  # bytes the step may use above the persistent tensors
-    fixed_bytes: int  # the fitted line: fixed_bytes + per_sample_bytes × batch
+    fixed_bytes: int  # the limiting phase's line: fixed_bytes + per_sample_bytes × batch
     per_sample_bytes: int
+    phase: str  # the phase whose line limits the batch (one of PHASES; "" without a line)
     points: tuple[BatchPoint, ...]
     confirmed_bytes: int | None  # the step at the answer (CUDA: real; CPU: meta replica)
     backoffs: int  # out-of-memory errors (CUDA) or failed checks while confirming
@@ -147,30 +157,52 @@ def _train_step(
     optimizer: torch.optim.Optimizer | None,
     x: torch.Tensor,
     amp_dtype: torch.dtype | None,
+    phase: Callable[[str], None],
 ) -> None:
-    """forward → sum of the outputs as the loss → backward → step → zero_grad."""
+    """forward → sum of the outputs as the loss → backward → step → zero_grad, calling
+    ``phase`` with each phase's name (of PHASES) as it begins."""
     scaler = torch.amp.GradScaler(x.device.type) if amp_dtype is torch.float16 else None
+    phase(PHASES[0])
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         out = model(x)
         floats = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
         loss = torch.stack([t.float().sum() for t in floats]).sum() if floats else None
     del out, floats
-    if optimizer is not None:
-        scaled_step(loss, optimizer, scaler)
-    elif loss is not None:
-        loss.backward()
+    phase(PHASES[1])
+    if loss is not None:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
     del loss
+    phase(PHASES[2])
+    if optimizer is not None:
+        scaled_step(None, optimizer, scaler)
     model.zero_grad(set_to_none=True)
 
 
-def _fit_line(points: Sequence[BatchPoint]) -> tuple[float, float]:
+def _fit_line(batches: Sequence[int], used: Sequence[int]) -> tuple[float, float]:
     """(fixed, per sample) by least squares over the points."""
-    n = len(points)
-    mean_b = sum(p.batch for p in points) / n
-    mean_m = sum(p.step_bytes for p in points) / n
-    spread = sum((p.batch - mean_b) ** 2 for p in points)
-    slope = sum((p.batch - mean_b) * (p.step_bytes - mean_m) for p in points) / spread
+    n = len(batches)
+    mean_b = sum(batches) / n
+    mean_m = sum(used) / n
+    spread = sum((b - mean_b) ** 2 for b in batches)
+    slope = sum((b - mean_b) * (m - mean_m) for b, m in zip(batches, used, strict=True)) / spread
     return mean_m - slope * mean_b, slope
+
+
+def _limit(points: Sequence[BatchPoint], capacity: int) -> tuple[float, str, float, float]:
+    """(largest batch that fits, limiting phase, its fixed bytes, its bytes per sample),
+    each phase on its own line; the batch is ``math.inf`` when no phase grows."""
+    batches = [p.batch for p in points]
+    lines = []
+    for i, name in enumerate(PHASES):
+        used = [p.phases[i] for p in points]
+        fixed, slope = _fit_line(batches, used)
+        if slope > 0:
+            fits: float = max(math.floor((capacity - fixed) / slope), 0)
+        else:  # flat: it fits at every batch or at none
+            fits = math.inf if max(used) <= capacity else 0
+        lines.append((fits, -slope, name, fixed, max(slope, 0.0)))
+    fits, _, name, fixed, slope = min(lines)  # the first to run out; a tie: the steepest
+    return fits, name, fixed, slope
 
 
 def find_batch_size(
@@ -229,64 +261,85 @@ def find_batch_size(
     dtype = next((p.dtype for p in real.parameters() if p.is_floating_point()), None)
     dtype = dtype or torch.get_default_dtype()
 
-    def measure(batch: int) -> int | None:
-        """Bytes a real step at ``batch`` needs above what is allocated; None on OOM."""
+    def measure(batch: int) -> BatchPoint | None:
+        """Bytes a step at ``batch`` needs above what is allocated, per phase; None on out
+        of memory. CUDA: a real step, the allocator's peak since each phase began. CPU: the
+        meta-device replica of ``step_peak`` (a real CPU step at a large
+        batch takes minutes; the replica runs the same autograd formulas, no compute)."""
+        if device.type == "cpu":
+            peak = step_peak(real, optimizer, (batch, *sample), amp_dtype=amp_dtype).phases
+            phases = tuple(max(peak[name] - persistent, 0) for name in PHASES)
+            return BatchPoint(batch, max(phases), phases)
         x = torch.randn((batch, *sample), device=device, dtype=dtype)
+        peaks: dict[str, int] = {}
+        began: list[str] = []
+
+        def phase(name: str) -> None:
+            torch.cuda.synchronize(device)
+            if began:
+                peaks[began[-1]] = torch.cuda.max_memory_allocated(device) - before
+            torch.cuda.reset_peak_memory_stats(device)
+            began.append(name)
+
         try:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-                _train_step(real, optimizer, x, amp_dtype)
-                torch.cuda.synchronize(device)
-                return torch.cuda.max_memory_allocated(device) - before
-            tracker = _LiveBytes()
-            with tracker:
-                _train_step(real, optimizer, x, amp_dtype)
-            return max(c.total() for c in tracker.peaks.values()) if tracker.peaks else 0
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            _train_step(real, optimizer, x, amp_dtype, phase)
+            phase("")
         except torch.OutOfMemoryError:
             return None
         finally:
             del x
+        phases = tuple(max(peaks.get(name, 0), 0) for name in PHASES)
+        return BatchPoint(batch, max(phases), phases)
 
-    snapshot = _Snapshot(real, optimizer)
-    snapshot.drop_grads()
+    snapshot = _Snapshot(real, optimizer) if device.type == "cuda" else None  # real steps
+    if snapshot is not None:
+        snapshot.drop_grads()
     points: list[BatchPoint] = []
     try:
         with torch.enable_grad():
-            if measure(PROBES[0]) is not None:  # a first step creates the optimizer state
+            # a first real step creates the optimizer state (the replica predicts it)
+            if device.type == "cpu" or measure(PROBES[0]) is not None:
                 for batch in PROBES:
-                    used = measure(batch)
-                    if used is None:
+                    point = measure(batch)
+                    if point is None:
                         break
-                    points.append(BatchPoint(batch, used))
-            fixed, per_sample = _fit_line(points) if len(points) >= 2 else (0.0, 0.0)
+                    points.append(point)
+            fits, phase, fixed, per_sample = 0.0, "", 0.0, 0.0
+            if len(points) >= 2:
+                fits, phase, fixed, per_sample = _limit(points, capacity)
             answer, confirmed, backoffs = 0, None, 0
-            if len(points) >= 2 and per_sample > 0:
-                answer = max(math.floor((capacity - fixed) / per_sample), 0)
+            if len(points) >= 2 and fits < math.inf:
+                answer = int(fits)
                 if max_batch is not None:
                     answer = min(answer, max_batch)
+                near = points[-1]  # the largest step known to fit
                 while answer > 0:
-                    if device.type == "cuda":
-                        confirmed = measure(answer)
-                    else:  # a real CPU step at a large batch takes minutes: the replica
-                        shape = (answer, *sample)
-                        confirmed = step_peak(real, optimizer, shape, amp_dtype=amp_dtype).total
-                        confirmed -= persistent
+                    at = measure(answer)
+                    confirmed = None if at is None else at.step_bytes
                     if confirmed is not None and confirmed <= capacity:
                         break
                     backoffs += 1
-                    answer = math.floor(answer * 0.9)
-            elif len(points) >= 2:  # memory does not grow with the batch
-                answer = max_batch or 0
+                    if at is None or near.step_bytes > capacity:  # out of memory: back off
+                        answer = math.floor(answer * 0.9)
+                        continue
+                    # the peak bends upward (another tensor becomes the largest): the chord
+                    # through a step that fits and one that does not is a safe line
+                    fits, phase, fixed, per_sample = _limit([near, at], capacity)
+                    answer = int(min(fits, answer - 1))
+            elif len(points) >= 2:  # memory does not grow with the batch: no limit from it
+                answer, phase = max_batch or 0, ""
     finally:
-        snapshot.restore()
+        if snapshot is not None:
+            snapshot.restore()
     return BatchSizeReport(
         device=str(device),
         batch=answer,
         capacity=capacity,
         fixed_bytes=round(fixed),
         per_sample_bytes=round(per_sample),
+        phase=phase,
         points=tuple(points),
         confirmed_bytes=confirmed if answer else None,
         backoffs=backoffs,

@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from ..modules import is_batchnorm, parent_of
+from . import ties
 from .selection import Selection
 from .transaction import Transaction
 
@@ -155,15 +156,19 @@ def _named_batchnorms(selection: Selection) -> list[tuple[list[str], nn.Module]]
             if is_batchnorm(m) and name not in inside.setdefault(id(m), []):
                 inside[id(m)].append(name)
                 layers[id(m)] = m
-    again = selection.sharing[0] & layers.keys() if layers else set()
-    everywhere: Counter = Counter()
-    if again:  # a layer registered at several places: are they all inside?
-        model = selection.model
-        everywhere.update(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    if not layers or not selection.sharing[0]:  # no module registered twice: all inside
+        return [(inside[key], layers[key]) for key in layers]
+    # a module registered at several places: every position of each layer, inside when
+    # reached through an edited block under any of its names (see ``ties.Inside``)
+    edited = ties.Inside(selection.model, [(b.name, b.module, b.recurse) for b in selection.blocks])
+    positions: dict[int, list[str]] = {}
+    for name, m in edited.modules.items():
+        if id(m) in layers:
+            positions.setdefault(id(m), []).append(name)
     return [
-        (inside[key], layers[key])
+        (positions[key], layers[key])
         for key in layers
-        if key not in again or everywhere[key] == len(inside[key])
+        if all(edited.module(name) for name in positions[key])
     ]
 
 

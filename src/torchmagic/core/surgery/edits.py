@@ -136,7 +136,7 @@ def _effect(
 def _ties(target: BoundModel, selection: Selection) -> list[ties.Tie]:
     """Parameters of the selection that modules outside it use too."""
     blocks = ((b.name, b.module, b.recurse) for b in selection.blocks)
-    return ties.find(target.model, blocks, selection.sharing)
+    return ties.find(target.model, blocks, selection.sharing, by_module=True)
 
 
 def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transaction) -> Effect:

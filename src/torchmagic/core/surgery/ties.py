@@ -5,11 +5,15 @@ sharing the embedding's weight, a module registered at two places).
 edit of one user changes every other. The rule: a shared tensor keeps training, and
 stays in the optimizer, while any user outside the edited modules trains; the output
 names the tie.
+
+A module registered at two places (``self.b = self.a``) is one module, not two users:
+freezing it under either name freezes it, once (:class:`Inside`). Replacing a module at
+one place is different: its other place keeps the old one (``by_module=False``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -50,6 +54,30 @@ def inside_names(blocks: Iterable[tuple[str, nn.Module, bool]]) -> set[str]:
     }
 
 
+class Inside:
+    """Which positions of the model belong to the edited (name, module, recurse) blocks,
+    by module identity: a position under a block reached by any of the block's names
+    (its own name or another registration of the same module object)."""
+
+    def __init__(self, model: nn.Module, blocks: Sequence[tuple[str, nn.Module, bool]]) -> None:
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.recursive = {id(m) for _, m, recurse in blocks if recurse}
+        self.own = {id(m) for _, m, recurse in blocks if not recurse}
+
+    def module(self, path: str) -> bool:
+        """Whether the module at ``path`` is edited (its own parameters included)."""
+        if id(self.modules[path]) in self.own:
+            return True
+        parts = path.split(".") if path else []
+        return any(
+            id(self.modules[".".join(parts[:i])]) in self.recursive for i in range(len(parts) + 1)
+        )
+
+    def parameter(self, name: str) -> bool:
+        """Whether the parameter at qualified ``name`` belongs to an edited module."""
+        return self.module(name.rpartition(".")[0])
+
+
 def shared_modules(model: nn.Module) -> tuple[set[int], bool]:
     """Ids of the modules registered at more than one place, and whether any parameter
     is held by more than one module: one cheap walk, so models without ties (nearly
@@ -77,18 +105,27 @@ def find(
     model: nn.Module,
     blocks: Iterable[tuple[str, nn.Module, bool]],
     sharing: tuple[set[int], bool] | None = None,
+    *,
+    by_module: bool = False,
 ) -> list[Tie]:
     """Parameters of the edited (name, module, recurse) ``blocks`` that also have a name
     outside them: a module that is not being edited uses them too. ``sharing``: the
-    model's :func:`shared_modules`, when already known."""
+    model's :func:`shared_modules`, when already known. ``by_module``: a name reached
+    through another registration of an edited module is inside (an edit of the module
+    itself, such as a freeze); without it names decide (a replacement at one place)."""
     again, tied = sharing or shared_modules(model)
     if not again and not tied:
         return []
-    inside = inside_names(blocks)
+    blocks = list(blocks)
+    is_inside: Callable[[str], bool]
+    if by_module:
+        is_inside = Inside(model, blocks).parameter
+    else:
+        is_inside = inside_names(blocks).__contains__
     found = []
     for p, names in _names(model).values():
-        mine = tuple(n for n in names if n in inside)
-        others = tuple(n for n in names if n not in inside)
+        mine = tuple(n for n in names if is_inside(n))
+        others = tuple(n for n in names if not is_inside(n))
         if mine and others:
             found.append(Tie(p, mine, others))
     return found

@@ -185,6 +185,14 @@ class FitObserver(Protocol):
     def close(self) -> None: ...
 
 
+def discard_progress(observer: FitObserver) -> None:
+    """A run refused at its first step leaves no progress behind (the refusal is the one
+    line shown); ``discard`` is optional for observers."""
+    discard = getattr(observer, "discard", None)
+    if discard is not None:
+        discard()
+
+
 class _Silent:
     refresh_seconds = float("inf")
 
@@ -319,6 +327,12 @@ def check_plan(plan: FitPlan) -> None:
         _check_batches(plan.val, "val")
     if plan.pacing is not None:
         check_pacing(plan.pacing, plan.val is not None, plan.cache_features)
+    if not any(p.requires_grad for p in plan.model.parameters()):
+        raise TorchMagicError(
+            f"nothing to train: every parameter of `{plan.model_name}` is frozen "
+            "(unfreeze a block first)",
+            param="model",
+        )
 
 
 # -- pieces of the loop ------------------------------------------------------------------
@@ -551,7 +565,8 @@ class _LossLedger:
 
 class _BatchNormSnapshot:
     """The running statistics of every BatchNorm as they were at the last check point
-    whose losses were all finite (a few KB to MB: copied on the device)."""
+    whose losses were all finite, and before the batch in flight (a few KB to MB each:
+    copied on the device): a step that raises leaves no statistics of its batch."""
 
     def __init__(self, model: nn.Module) -> None:
         self.live = [
@@ -561,6 +576,7 @@ class _BatchNormSnapshot:
             for buffer in m.buffers(recurse=False)
         ]
         self.saved = [b.detach().clone() for b in self.live]
+        self.before_batch = [b.detach().clone() for b in self.live]
         self.step = 0
 
     def take(self, step: int) -> None:
@@ -572,6 +588,15 @@ class _BatchNormSnapshot:
         if self.live:
             with torch.no_grad():
                 torch._foreach_copy_(self.live, self.saved)
+
+    def take_batch(self) -> None:
+        if self.live:
+            torch._foreach_copy_(self.before_batch, self.live)
+
+    def restore_batch(self) -> None:
+        if self.live:
+            with torch.no_grad():
+                torch._foreach_copy_(self.live, self.before_batch)
 
 
 def _count_non_finite(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
@@ -586,21 +611,63 @@ def _clear_grads(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         p.grad = None
 
 
+def _shape_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Tensor:
+    """The loss of one batch. On the first step a loss that cannot take the model's
+    outputs and the batch's targets is refused in one line (nothing has trained yet);
+    a loss that is not one number is refused at any step (backward needs a scalar)."""
+    try:
+        loss = plan.loss_fn(output, targets)
+    except (TorchMagicError, torch.OutOfMemoryError):  # already one line; not the loss's
+        raise
+    except (TypeError, ValueError, RuntimeError, IndexError, AttributeError) as error:
+        if not first:
+            raise
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise TorchMagicError(
+            f"the loss fails on the first batch (outputs: {_shape_of(output)}, targets: "
+            f"{_shape_of(targets)}): {type(error).__name__}" + (f": {text}" if text else ""),
+            param="loss",
+        ) from error
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TorchMagicError(
+            f"the loss must return one number (a tensor with one element), got {_shape_of(loss)}",
+            param="loss",
+        )
+    return loss
+
+
 def forward_loss(
-    plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
+    plan: FitPlan,
+    forward: Callable[[Any], Any],
+    inputs: Any,
+    targets: torch.Tensor,
+    first: bool = False,
 ) -> torch.Tensor:
-    """The batch's loss under the plan's AMP policy (autocast covers forward and loss)."""
+    """The batch's loss under the plan's AMP policy (autocast covers forward and loss);
+    ``first``: the run's first batch, where a loss that does not fit is a refusal (see
+    :func:`_loss_of`)."""
     with plan.amp.autocast():
         output = _main_output(call_model(forward, inputs))
-        return plan.loss_fn(output, targets)
+        return _loss_of(plan, output, targets, first)
 
 
 def train_step(
-    plan: FitPlan, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor
+    plan: FitPlan,
+    forward: Callable[[Any], Any],
+    inputs: Any,
+    targets: torch.Tensor,
+    first: bool = False,
 ) -> torch.Tensor:
     """One optimizer step on one batch (no accumulation, no clipping: the lr range test's
-    step); the loss stays on the device (reading it is the caller's choice: a host sync)."""
-    loss = forward_loss(plan, forward, inputs, targets)
+    step); the loss stays on the device (reading it is the caller's choice: a host sync).
+    ``first``: the run's first step (see :func:`forward_loss`)."""
+    loss = forward_loss(plan, forward, inputs, targets, first)
     plan.amp.step(loss, plan.optimizer)
     return loss.detach()
 
@@ -657,11 +724,19 @@ class _Trainer:
 
     def _batch(self, forward: Callable[[Any], Any], inputs: Any, targets: torch.Tensor) -> bool:
         """Backpropagate one batch into the window; returns whether it closed the window
-        (an optimizer step)."""
+        (an optimizer step). A batch that raises leaves no BatchNorm statistics of the
+        window it was in (none of its batches stepped)."""
         plan = self.plan
-        loss = forward_loss(plan, forward, inputs, targets)
-        self.ledger.add(self.steps + 1, loss.detach(), len(targets))
-        self.window.add(loss, plan.optimizer, plan.amp.active_scaler)
+        first = self.steps == 0 and not self.window.pending
+        if not self.window.pending:
+            self.batchnorm.take_batch()
+        try:
+            loss = forward_loss(plan, forward, inputs, targets, first)
+            self.ledger.add(self.steps + 1, loss.detach(), len(targets))
+            self.window.add(loss, plan.optimizer, plan.amp.active_scaler)
+        except BaseException:  # the window's forwards may have moved the statistics
+            self.batchnorm.restore_batch()
+            raise
         if self.window.pending:
             return False
         self._stepped()
@@ -685,14 +760,20 @@ class _Trainer:
         self._stopping(StopReason.MAX_STEPS, f"reached max_steps={max_steps}")
         return True
 
-    def _interrupted(self) -> str:
+    def _interrupted(self, epoch: int, batch_index: int, complete: bool) -> str:
+        """What a Ctrl-C stopped: the last step, the batches of an open window it dropped,
+        and the epoch it cut (none right after an epoch's last step)."""
         dropped = self.window.pending
         held = (
             f" (the {dropped} batch{'es' if dropped != 1 else ''} accumulated since were dropped)"
             if dropped
             else ""
         )
-        return f"interrupted; the last completed step is {self.steps}{held}"
+        cut = ""
+        if batch_index and not complete:
+            of = f" of {self.batches_per_epoch}" if self.batches_per_epoch else ""
+            cut = f"; epoch {epoch + 1} was cut after {batch_index}{of} batches"
+        return f"interrupted; the last completed step is {self.steps}{held}{cut}"
 
     # -- check points ----------------------------------------------------------------
 
@@ -747,7 +828,14 @@ class _Trainer:
         iterator = self.source.batches(epoch)
         while True:
             if self.interrupt_requested:  # Ctrl-C during the last step or the validation
-                self._stopping(StopReason.INTERRUPTED, self._interrupted())
+                # right after an epoch's last batch (its window stepped) the epoch is whole:
+                # its schedulers step
+                complete = (
+                    0 < batch_index == self.batches_per_epoch and not self.window.pending
+                )
+                self._stopping(
+                    StopReason.INTERRUPTED, self._interrupted(epoch, batch_index, complete)
+                )
                 break
             try:
                 forward, inputs, targets = next(iterator)
@@ -893,6 +981,10 @@ class _Trainer:
                     if self.stop is not None:
                         break
                 best_epoch = self._keep_best(epochs)
+        except TorchMagicError:
+            if not self.steps:
+                discard_progress(plan.observer)
+            raise
         finally:
             _clear_grads(plan.model, plan.optimizer)
             stopped = getattr(plan.observer, "on_stop", None)  # optional for observers

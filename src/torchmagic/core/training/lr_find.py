@@ -46,6 +46,7 @@ from .fit import (
     _ctrl_c_requests_stop,
     _mode,
     check_plan,
+    discard_progress,
     train_step,
 )
 
@@ -243,7 +244,7 @@ def find_lr(
                     lr = start * (end / start) ** (step / (steps - 1))
                     for group, ratio in zip(groups, ratios, strict=True):
                         group["lr"] = lr * ratio
-                    loss = float(train_step(plan, forward, inputs, targets))
+                    loss = float(train_step(plan, forward, inputs, targets, first=step == 0))
                     step += 1
                     batch_index += 1
                     if not math.isfinite(loss):
@@ -281,6 +282,10 @@ def find_lr(
                         break
                 if batch_index == 0:
                     raise TorchMagicError("the training data yields no batch", param="train")
+    except TorchMagicError:
+        if not lrs:
+            discard_progress(observer)
+        raise
     finally:
         observer.close()
     found = _steepest(lrs, smoothed)
