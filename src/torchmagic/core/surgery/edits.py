@@ -6,6 +6,7 @@ the transaction, so a failure part-way rolls back and ``undo`` can replay the in
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
 from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync, ties
 from .counting import group_keys
@@ -411,6 +413,17 @@ def _carry_hooks(old: nn.Module, new: nn.Module) -> int:
     return carried
 
 
+def _replace_twin(model: nn.Module, name: str, head: nn.Module, tx: Transaction) -> None:
+    """Put a frozen copy of the new ``head`` at ``name``, the frozen original peft keeps
+    beside a trained head copy (``modules_to_save``): with the adapters off the model
+    then has the new class count too."""
+    old = model.get_submodule(name)
+    twin = copy.deepcopy(head).requires_grad_(False)
+    tx.hold([*old.parameters(), *old.buffers()])
+    parent, attr = parent_of(model, name)
+    tx.set_attr(parent, attr, twin)
+
+
 def replace_head(
     target: BoundModel,
     root: nn.Module,
@@ -455,6 +468,10 @@ def replace_head(
             notes.append(f"{name}: its {carried} hook(s) now run on the new head")
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
+        twin = peft.original_of(target.model, name)
+        if twin is not None:
+            _replace_twin(target.model, twin, new, tx)
+            notes.append(f"{twin}: peft's frozen original, now a frozen copy of the new head")
     synced = model_config.sync(target.model, found, num_classes, labels, tx)
     if opt is not None:
         for index, params in joining.items():
