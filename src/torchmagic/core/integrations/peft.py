@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import Any
 
 from torch import nn
+
+from ..errors import TorchMagicError
 
 # The attribute path from a PeftModel to the user's model.
 WRAPPER_PATH = ("base_model", "model")
@@ -102,3 +105,98 @@ def original_of(model: nn.Module, name: str) -> str | None:
     if wrapper_name is None or "original_module" not in model.get_submodule(wrapper_name)._modules:
         return None
     return f"{wrapper_name}.original_module"
+
+
+# -- LoRA layers (peft's tuner layers, made and merged here for core.surgery.lora) --------
+
+# The layer types LoRA adapts here (peft's tuner layers for them).
+ADAPTABLE = (nn.Linear, nn.Conv2d)
+
+
+def load() -> ModuleType:
+    """peft itself, imported now (only a LoRA command needs it)."""
+    try:
+        import peft
+    except ImportError:
+        raise TorchMagicError("LoRA needs peft, which is not installed: pip install peft") from None
+    return peft
+
+
+def is_lora_layer(module: object) -> bool:
+    return _is(module, "peft.tuners.lora.layer", "LoraLayer")
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, Any]]:
+    """The LoRA layers of ``model`` by qualified name (none without peft imported)."""
+    if _peft() is None:
+        return []
+    return [(name, m) for name, m in model.named_modules() if is_lora_layer(m)]
+
+
+def adapter_name(model: nn.Module) -> str:
+    """The adapter new LoRA layers belong to: the active one of the model's existing
+    LoRA layers (a PeftModel's), else peft's ``default``."""
+    for _, layer in lora_layers(model):
+        active = layer.active_adapters
+        if active:
+            return active[0]
+    return "default"
+
+
+def make_lora_layer(
+    base: nn.Module, adapter: str, r: int, alpha: float, dropout: float
+) -> nn.Module:
+    """peft's LoRA layer around ``base`` (a Linear or Conv2d), B zero: same outputs."""
+    peft = load()
+    from peft.tuners.lora import layer
+
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout)
+    cls: Any = layer.Linear if isinstance(base, nn.Linear) else layer.Conv2d
+    return cls(base, adapter, config=config, r=r, lora_alpha=alpha, lora_dropout=dropout)
+
+
+def base_of(layer: Any) -> nn.Module:
+    """The layer a LoRA layer adapts (its ``base_layer``)."""
+    base = layer.base_layer
+    assert isinstance(base, nn.Module)
+    return base
+
+
+def adapter_parameters(layer: Any) -> list[nn.Parameter]:
+    """A LoRA layer's own parameters: everything but its base layer's."""
+    base = {id(p) for p in base_of(layer).parameters()}
+    return [p for p in layer.parameters() if id(p) not in base]
+
+
+def rank(layer: Any) -> int:
+    """The rank of the layer's active adapter (0 when none is active)."""
+    active = layer.active_adapters
+    ranks = layer.r
+    return int(ranks[active[0]]) if active and active[0] in ranks else 0
+
+
+def merged_adapters(layer: Any) -> list[str]:
+    return list(layer.merged_adapters)
+
+
+def merge(layer: Any) -> None:
+    """Fold the active adapters into the base weights (peft's own merge)."""
+    layer.merge(adapter_names=list(layer.active_adapters))
+
+
+def unmark_merged(layer: Any, merged: list[str]) -> None:
+    """Set which adapters the layer counts as merged (after its weights were put back)."""
+    layer.merged_adapters[:] = merged
+
+
+def enabled(layer: Any) -> bool:
+    return not layer.disable_adapters
+
+
+def set_enabled(layer: Any, flag: bool) -> None:
+    """Turn the adapters' contribution on or off; trainability stays as it is (peft's
+    switch also flips the adapters' requires_grad, which the optimizer would not see)."""
+    flags = [(p, p.requires_grad) for p in layer.parameters()]
+    layer.enable_adapters(flag)
+    for p, was in flags:
+        p.requires_grad_(was)

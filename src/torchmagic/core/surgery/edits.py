@@ -94,6 +94,7 @@ def fingerprint(target: BoundModel) -> tuple:
     return (
         _states(target.model, [Block("", target.model)], target.optimizer),
         tuple(group_keys(target.optimizer).values()),
+        tuple(peft.enabled(layer) for _, layer in peft.lora_layers(target.model)),
     )
 
 
