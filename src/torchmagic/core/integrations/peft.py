@@ -168,6 +168,18 @@ def adapter_parameters(layer: Any) -> list[nn.Parameter]:
     return [p for p in layer.parameters() if id(p) not in base]
 
 
+def adapters_of(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of every LoRA adapter in ``model``, each once."""
+    seen: set[int] = set()
+    found = []
+    for _, layer in lora_layers(model):
+        for p in adapter_parameters(layer):
+            if id(p) not in seen:
+                seen.add(id(p))
+                found.append(p)
+    return found
+
+
 def rank(layer: Any) -> int:
     """The rank of the layer's active adapter (0 when none is active)."""
     active = layer.active_adapters

@@ -249,16 +249,7 @@ def switch(target: BoundModel, on: bool, tx: Transaction) -> Effect:
 
 def adapter_count(model: nn.Module) -> int:
     """Parameters of the model's LoRA adapters."""
-    return _numel(
-        unique_parameters(
-            [
-                m
-                for _, layer in peft.lora_layers(model)
-                for m in layer.children()
-                if m is not peft.base_of(layer)
-            ]
-        )
-    )
+    return _numel(peft.adapters_of(model))
 
 
 def ranks(model: nn.Module) -> dict[str, int]:
