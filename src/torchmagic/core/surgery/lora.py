@@ -53,20 +53,40 @@ def _inside_lora(model: nn.Module) -> set[str]:
     }
 
 
+def _uncalled(model: nn.Module) -> set[str]:
+    """Qualified names of layers whose forward never runs: a MultiheadAttention's
+    ``out_proj`` (it reads the weight directly), which an adapter would not change."""
+    return {
+        f"{name}.out_proj" if name else "out_proj"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.MultiheadAttention)
+    }
+
+
 def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
     """The layers LoRA adapts in ``selection``: each block that is a Linear / Conv2d, and
     those inside the others. A block with none, or already adapted, is refused."""
     model = selection.model
     inside = _inside_lora(model)
+    uncalled = _uncalled(model)
     found: dict[str, nn.Module] = {}
     for block in selection.blocks:
         if peft.is_lora_layer(block.module) or block.name in inside:
             raise TorchMagicError(f"{block.name} already has LoRA adapters", param="targets")
+        if block.name in uncalled:
+            raise TorchMagicError(
+                f"{block.name} is a MultiheadAttention's output projection, whose forward "
+                "never runs (the attention reads its weight): adapt other Linear layers",
+                param="targets",
+            )
         modules = block.module.named_modules(prefix=block.name) if block.recurse else ()
         hits = [
             (n, m)
             for n, m in modules
-            if isinstance(m, peft.ADAPTABLE) and n not in inside and not peft.is_lora_layer(m)
+            if isinstance(m, peft.ADAPTABLE)
+            and n not in inside
+            and n not in uncalled
+            and not peft.is_lora_layer(m)
         ]
         if not hits:
             what = (
