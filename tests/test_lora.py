@@ -377,3 +377,11 @@ def test_magics(ip):
     for _ in range(4):
         ip.run_line_magic("tm", "undo")
     assert same(snapshot(model, opt), before)
+
+
+def test_tab_completion_offers_subcommands_targets_and_options(ip):
+    ip.user_ns["model"] = vit()
+    assert {"merge", "off", "on", "blocks"} <= set(ip.complete("%lora ")[1])
+    assert "blocks.0.attn.qkv" in ip.complete("%lora blocks.0.attn.q")[1]
+    assert "r=" in ip.complete("%lora blocks.0.attn.qkv r")[1]
+    assert ip.complete("%lora merge ")[1] == ["model"]
