@@ -380,8 +380,10 @@ def test_magics(ip):
 
 
 def test_tab_completion_offers_subcommands_targets_and_options(ip):
+    from test_completion import complete
+
     ip.user_ns["model"] = vit()
-    assert {"merge", "off", "on", "blocks"} <= set(ip.complete("%lora ")[1])
-    assert "blocks.0.attn.qkv" in ip.complete("%lora blocks.0.attn.q")[1]
-    assert "r=" in ip.complete("%lora blocks.0.attn.qkv r")[1]
-    assert ip.complete("%lora merge ")[1] == ["model"]
+    assert {"merge", "off", "on", "blocks"} <= set(complete(ip, "%lora "))
+    assert "blocks.0.attn.qkv" in complete(ip, "%lora blocks.0.attn.q")
+    assert "r=" in complete(ip, "%lora blocks.0.attn.qkv r")
+    assert complete(ip, "%lora merge ") == ["model"]
