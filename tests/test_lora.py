@@ -213,7 +213,7 @@ def test_default_lr_is_the_head_groups_base_lr():
 @pytest.mark.parametrize(
     ("targets", "options", "match"),
     [
-        (("blocks.0.norm1",), {}, "LayerNorm: LoRA adapts Linear and Conv2d"),
+        (("blocks.0.norm1",), {}, "LayerNorm: LoRA adapts Linear, Conv2d or Embedding"),
         (("*.nothing",), {}, "matches no module"),
         (("blocks.0.attn.qkv",), {"r": 0}, "r must be a positive integer"),
         (("blocks.0.attn.qkv",), {"alpha": -1}, "alpha must be"),
@@ -237,7 +237,7 @@ def test_an_adapted_layer_twice_and_merge_without_adapters_are_refused():
     tm.lora("blocks.0.attn.qkv", "blocks.0.attn.proj")
     with pytest.raises(ValueError, match="already has LoRA adapters"):
         tm.lora("blocks.0.attn.qkv")
-    with pytest.raises(ValueError, match="no Linear or Conv2d outside LoRA layers"):
+    with pytest.raises(ValueError, match="no Linear, Conv2d or Embedding outside LoRA layers"):
         tm.lora("blocks.0.attn")
     tm.undo()
     with pytest.raises(ValueError, match="has no LoRA adapters"):
@@ -387,3 +387,28 @@ def test_tab_completion_offers_subcommands_targets_and_options(ip):
     assert "blocks.0.attn.qkv" in complete(ip, "%lora blocks.0.attn.q")
     assert "r=" in complete(ip, "%lora blocks.0.attn.qkv r")
     assert complete(ip, "%lora merge ") == ["model"]
+
+
+def test_bert_embeddings_are_adapted_and_merged_back():
+    from test_hf_text_batches import tiny_bert
+
+    model = tiny_bert(dropout=0.0).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    y0 = model(input_ids=ids).logits
+    names = [n for n, _ in model.named_parameters()]
+    tm = Session(model, opt)
+    tm.lora("bert.embeddings.word_embeddings", r=4, lr=1e-2)
+    layer = model.bert.embeddings.word_embeddings
+    assert peft_room.is_lora_layer(layer) and torch.equal(model(input_ids=ids).logits, y0)
+    model.train()
+    for _ in range(2):
+        model(input_ids=ids).logits.logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    trained = model(input_ids=ids).logits.detach()
+    tm.merge_lora()
+    assert type(model.bert.embeddings.word_embeddings) is nn.Embedding
+    assert [n for n, _ in model.named_parameters()] == names
+    assert torch.allclose(model(input_ids=ids).logits, trained, atol=1e-5)

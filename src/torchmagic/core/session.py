@@ -371,7 +371,7 @@ class Session:
         command: str | None = None,
     ) -> Change:
         """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``) on the
-        Linear / Conv2d layers ``targets`` name or contain, in place: their base weights
+        Linear / Conv2d / Embedding layers ``targets`` name or contain, in place: their base weights
         stop training and leave the optimizer, the adapters train in a new ``lora`` group
         at base lr ``lr`` (default: the head group's base lr). See ``core.surgery.lora``."""
         if not targets:

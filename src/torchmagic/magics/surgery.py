@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from functools import partial
 
 from IPython.core.magic import line_magic, magics_class
@@ -228,7 +229,7 @@ class SurgeryMagics(TopicMagics):
             **options,
             optimizer=args.optimizer,
             dry_run=args.dry_run,
-            command=f"%lora {' '.join(words)}",
+            command=f"%lora {shlex.join(words)}",  # globs quoted, as typed
         )
         return render.render(result, self.width)
 
@@ -273,7 +274,7 @@ class SurgeryMagics(TopicMagics):
         other=Subcommand(
             "*",
             _lora_add,
-            "add LoRA adapters to the Linear / Conv2d layers named or inside",
+            "add LoRA adapters to the Linear / Conv2d / Embedding layers named or inside",
             words="TARGETS [r=N] [alpha=X] [dropout=P] [lr=X]",
             arity=(1, 1000),
             options=("--opt", "--dry-run"),
@@ -281,7 +282,7 @@ class SurgeryMagics(TopicMagics):
     )
     @line_magic
     def lora(self, line: str) -> None:
-        """Low-rank adapters (peft's LoRA layers) on the Linear / Conv2d layers named, in
+        """Low-rank adapters (peft's LoRA layers) on the Linear / Conv2d / Embedding layers, in
         place: their base weights freeze and leave the optimizer (state kept for undo), the
         adapters train in a new group lora at base lr X (default: the head group's), outputs
         unchanged; merge folds them into the weights, off/on switch them; each undoable."""

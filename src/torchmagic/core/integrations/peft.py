@@ -110,7 +110,7 @@ def original_of(model: nn.Module, name: str) -> str | None:
 # -- LoRA layers (peft's tuner layers, made and merged here for core.surgery.lora) --------
 
 # The layer types LoRA adapts here (peft's tuner layers for them).
-ADAPTABLE = (nn.Linear, nn.Conv2d)
+ADAPTABLE = (nn.Linear, nn.Conv2d, nn.Embedding)
 
 
 def load() -> ModuleType:
@@ -146,12 +146,14 @@ def adapter_name(model: nn.Module) -> str:
 def make_lora_layer(
     base: nn.Module, adapter: str, r: int, alpha: float, dropout: float
 ) -> nn.Module:
-    """peft's LoRA layer around ``base`` (a Linear or Conv2d), B zero: same outputs."""
+    """peft's LoRA layer around ``base`` (a Linear, Conv2d or Embedding); B (an
+    Embedding's A) starts at zero: same outputs."""
     peft = load()
     from peft.tuners.lora import layer
 
     config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout)
-    cls: Any = layer.Linear if isinstance(base, nn.Linear) else layer.Conv2d
+    kinds = ((nn.Linear, layer.Linear), (nn.Conv2d, layer.Conv2d), (nn.Embedding, layer.Embedding))
+    cls: Any = next(lora for kind, lora in kinds if isinstance(base, kind))
     return cls(base, adapter, config=config, r=r, lora_alpha=alpha, lora_dropout=dropout)
 
 

@@ -64,8 +64,9 @@ def _uncalled(model: nn.Module) -> set[str]:
 
 
 def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
-    """The layers LoRA adapts in ``selection``: each block that is a Linear / Conv2d, and
-    those inside the others. A block with none, or already adapted, is refused."""
+    """The layers LoRA adapts in ``selection``: each block that is one of
+    :data:`peft.ADAPTABLE`, and those inside the others. A block with none, or already
+    adapted, is refused."""
     model = selection.model
     inside = _inside_lora(model)
     uncalled = _uncalled(model)
@@ -89,13 +90,12 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
             and not peft.is_lora_layer(m)
         ]
         if not hits:
-            what = (
-                f"a {_kind(block.module)}"
-                if not block.module._modules
-                else (f"a {_kind(block.module)} with no Linear or Conv2d outside LoRA layers")
-            )
+            kinds = "Linear, Conv2d or Embedding"
+            what = f"a {_kind(block.module)}"
+            if block.module._modules:
+                what += f" with no {kinds} outside LoRA layers"
             raise TorchMagicError(
-                f"{block.name or 'the model'} is {what}: LoRA adapts Linear and Conv2d layers",
+                f"{block.name or 'the model'} is {what}: LoRA adapts {kinds} layers",
                 param="targets",
             )
         for name, module in hits:
