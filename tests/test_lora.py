@@ -14,6 +14,7 @@ from torch import nn
 from torchmagic import Session
 from torchmagic.core.integrations import peft as peft_room
 from torchmagic.core.surgery.optimizer_sync import group_index
+from torchmagic.core.tensors import state_bytes
 
 peft = pytest.importorskip("peft")
 timm = pytest.importorskip("timm")
@@ -82,8 +83,11 @@ def test_adding_keeps_outputs_and_changes_only_the_targeted_layers():
     y0 = model(X)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     tm = Session(model, opt)
+    qkvs = [p for b in model.blocks for p in b.attn.qkv.parameters()]
+    set_aside = state_bytes(opt, qkvs)
     change = tm.lora("blocks.*.attn.qkv", r=4, lr=1e-4)
     assert change.effect.modules == ("blocks.0.attn.qkv", "blocks.1.attn.qkv")
+    assert tm.history_bytes() == set_aside  # the adapters live in the model, not the log
     assert torch.equal(model(X), y0)
     qkv = model.blocks[0].attn.qkv
     assert peft_room.is_lora_layer(qkv) and peft_room.rank(qkv) == 4

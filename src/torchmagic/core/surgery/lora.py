@@ -177,7 +177,6 @@ def add(
         _record(layer, tuple(p.requires_grad for p in base.parameters()), tx)
     _set_requires_grad(bases, False, tx)
     _drop_grads(bases, tx)
-    tx.hold(adapters)
     tx.stops_after_undo.extend(adapters)
     for name, _, layer in made:
         parent, attr = parent_of(target.model, name)
@@ -213,6 +212,7 @@ def merge(target: BoundModel, tx: Transaction) -> Effect:
     _set_requires_grad(adapters, False, tx)
     _drop_grads(adapters, tx)
     tx.trains_after_undo.extend(adapters)
+    tx.hold(adapters)  # the LoRA layers leave the model: only the log keeps them
     retrain: list[nn.Parameter] = []
     for name, layer in layers:
         base = peft.base_of(layer)
