@@ -299,6 +299,15 @@ def test_torchvision_convnet_layer4_convs():
     assert change.effect.modules == tuple(f"layer4.{n}" for n in convs)
     assert all(peft_room.is_lora_layer(net.get_submodule(f"layer4.{n}")) for n in convs)
     assert bn.requires_grad and torch.equal(net(x), y0)
+    with torch.no_grad():
+        for p in peft_room.adapters_of(net):
+            p.normal_(0, 0.01)
+    adapted = net(x)
+    tm = Session(net, opt)
+    tm.merge_lora()
+    assert all(type(net.get_submodule(f"layer4.{n}")) is nn.Conv2d for n in convs)
+    assert torch.allclose(net(x), adapted, rtol=1e-4, atol=1e-4 * adapted.abs().max().item())
+    assert net.layer4[0].conv1.weight.requires_grad  # it trained before %lora
 
 
 def test_hugging_face_vit_attention_projections():
