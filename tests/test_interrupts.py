@@ -150,7 +150,15 @@ CASES = [
         lambda w: (_frozen_then_stepped(w), w.tm.unfreeze("block1", lr=1e-3)),
         lambda tm: tm.undo(),
     ),
+    Case("lora", lambda w: None, lambda tm: tm.lora("block1-2", r=2, lr=1e-3)),
+    Case(
+        "merge_lora",
+        lambda w: (w.tm.lora("block1", r=2), w.step()),
+        lambda tm: tm.merge_lora(),
+    ),
 ]
+# the quick test of the LoRA cases (peft's layers built in every run) is slow
+QUICK = [pytest.param(c, marks=pytest.mark.slow) if "lora" in c.name else c for c in CASES]
 
 
 # -- what must be exactly before or exactly after ---------------------------------------
@@ -297,7 +305,7 @@ def _inject(case: Case, every: int) -> tuple[int, int, int]:
     return len(clean.events), counts["before"], counts["after"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", QUICK, ids=[c.name for c in CASES])
 def test_interrupt_at_any_line_leaves_before_or_after(case):
     total, before, after = _inject(case, every=50)
     assert before and after  # both outcomes are reached: the injection reaches the commit

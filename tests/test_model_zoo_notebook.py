@@ -50,7 +50,7 @@ def test_model_zoo_notebook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert not [c.source for c in cells for o in c.outputs if o.output_type == "error"]
     magics = [c for c in cells if c.source.startswith("%") and "load_ext" not in c.source]
     commands = {c.source.split()[0] for c in magics}
-    assert commands == {"%freeze", "%replace_head", "%unfreeze", "%summary"}
+    assert commands == {"%freeze", "%replace_head", "%unfreeze", "%summary", "%lora"}
     for cell in magics:
         assert len(cell.outputs) == 1, cell.source
         assert "text/html" in cell.outputs[0].get("data", {}), cell.source
@@ -62,9 +62,18 @@ def test_model_zoo_notebook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert "head.fc: Linear" in convnext and "num_classes: 1000 → 5" in convnext
     dino = _plain(by_source["%replace_head dino 5"])
     assert "classifier: Linear" in dino and "config: 1000 labels → 5" in dino
-    for model in ("resnet", "convnext", "dino"):
-        assert sum(c.source.split()[1].split(".")[0] == model for c in magics) == 4
+    for model, count in (("resnet", 4), ("convnext", 4), ("dino", 6)):
+        assert sum(c.source.split()[1].split(".")[0] == model for c in magics) == count
 
-    printed = "".join(o.get("text", "") for o in cells[-1].outputs if o.output_type == "stream")
-    assert "dino.config.num_labels = 5" in printed
-    assert printed.count("logits (4, 5)") == 3, printed
+    def printed(fragment: str) -> str:
+        cell = next(c for c in cells if fragment in c.source)
+        return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+    step = printed("dino.config.num_labels")
+    assert "dino.config.num_labels = 5" in step
+    assert step.count("logits (4, 5)") == 3, step
+    lora = _plain(next(c for c in magics if c.source.startswith("%lora")))
+    assert "added LoRA adapters to" in lora and "(8 layer" not in lora
+    assert "lora r=8" in _plain(next(c for c in magics if "layer.0 --depth 2" in c.source))
+    trained = printed("lora step")
+    assert trained.count("lora step") == 3 and "base weight unchanged: True" in trained

@@ -33,6 +33,7 @@ EXAMPLES = {
     ("freeze", "line"): "%freeze model.layer1-3",
     ("unfreeze", "line"): "%unfreeze layer3-4 lr=1e-5:1e-4",
     ("replace_head", "line"): "%replace_head auto 10",
+    ("lora", "line"): "%lora \"blocks.*.attn.qkv\" r=8 lr=1e-3",
     ("summary", "line"): "%summary model --depth 1",
     ("amp", "line"): "%amp on bf16",
     ("amp", "cell"): "%%amp bf16",

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from .integrations import peft
+
 _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+# Attribute paths from a wrapper to the model it wraps, as a user may write them in a
+# target (``model.module.fc``, ``peft_model.base_model.model.blocks.3``).
+WRAPPER_PATHS = (("module",), ("_orig_mod",), peft.WRAPPER_PATH)
 
 
 def wrapper_chain(module: nn.Module) -> Iterator[nn.Module]:
     """``module``, then each model it wraps: ``torch.compile``'s ``_orig_mod``,
-    (Distributed)DataParallel's ``.module``, FSDP1's ``_fsdp_wrapped_module``."""
+    (Distributed)DataParallel's ``.module``, FSDP1's ``_fsdp_wrapped_module``, a
+    PeftModel's tuner (``base_model``) and the tuner's ``model``."""
     while True:
         yield module
         inner = getattr(module, "_orig_mod", None)
         if not isinstance(inner, nn.Module):
             inner = getattr(module, "_fsdp_wrapped_module", None)
+        if not isinstance(inner, nn.Module):
+            inner = peft.inner(module)
         if isinstance(inner, nn.Module):
             module = inner
         elif isinstance(module, _WRAPPERS):
@@ -28,9 +36,30 @@ def wrapper_chain(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """The user's real model behind ``torch.compile``, (Distributed)DataParallel and FSDP1."""
+    """The user's real model behind ``torch.compile``, (Distributed)DataParallel, FSDP1
+    and PEFT."""
     *_, real = wrapper_chain(module)
     return real
+
+
+def wrapper_prefix(model: nn.Module, parts: Sequence[str]) -> int:
+    """How many leading ``parts`` of a path into the real ``model`` only walk through
+    wrappers (``module.``, ``_orig_mod.``, ``base_model.model.``), repeatedly; a name
+    the model itself has is never skipped."""
+    skipped = 0
+    while True:
+        rest = parts[skipped:]
+        step = next(
+            (
+                len(path)
+                for path in WRAPPER_PATHS
+                if tuple(rest[: len(path)]) == path and path[0] not in model._modules
+            ),
+            0,
+        )
+        if not step:
+            return skipped
+        skipped += step
 
 
 def walk(model: nn.Module) -> Iterator[nn.Module]:

@@ -50,7 +50,7 @@ from .diagnostics.compiled import CompileWatch
 from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
 from .modules import unwrap
-from .surgery import edits, heads, model_checks, scheduler_sync
+from .surgery import edits, heads, lora, model_checks, scheduler_sync
 from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
@@ -391,6 +391,72 @@ class Session:
                 target, root, root_name, num_classes, dropout, tx, labels
             ),
         )
+
+    def lora(
+        self,
+        *targets: str,
+        r: int = 8,
+        alpha: float = 16,
+        dropout: float = 0.0,
+        lr: float | None = None,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: str | None = None,
+    ) -> Change:
+        """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``) on the
+        Linear / Conv2d / Embedding layers ``targets`` name or contain, in place: their base weights
+        stop training and leave the optimizer, the adapters train in a new ``lora`` group
+        at base lr ``lr`` (default: the head group's base lr). See ``core.surgery.lora``."""
+        if not targets:
+            raise TorchMagicError("name the layers to adapt", param="targets")
+        lr = None if lr is None else check_positive(lr, "lr")
+        lora.check_options(r, alpha, dropout)
+        target, selection = self._selection(targets, (), optimizer)
+        return self._run(
+            "lora",
+            command or _call("lora", *targets, r=r, alpha=alpha, dropout=dropout, lr=lr),
+            target,
+            dry_run,
+            lambda tx: lora.add(target, selection, r, alpha, dropout, lr, tx),
+        )
+
+    def merge_lora(
+        self,
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: str | None = None,
+    ) -> Change:
+        """Fold the (current) model's LoRA adapters into its weights: the layers get their
+        old names and types back, trainable as before :meth:`lora`; the adapters leave the
+        optimizer (their group stays, emptied)."""
+        target = self._lora_target(model, optimizer)
+        return self._run(
+            "merge_lora",
+            command or _call("merge_lora", model=model),
+            target,
+            dry_run,
+            lambda tx: lora.merge(target, tx),
+        )
+
+    def lora_off(self, model: str | None = None, *, command: str | None = None) -> Change:
+        """The (current) model without its LoRA adapters' contribution (kept, not merged)."""
+        return self._lora_switch(model, False, command or _call("lora_off", model=model))
+
+    def lora_on(self, model: str | None = None, *, command: str | None = None) -> Change:
+        """The LoRA adapters switched off by :meth:`lora_off` contribute again."""
+        return self._lora_switch(model, True, command or _call("lora_on", model=model))
+
+    def _lora_target(self, model: str | None, optimizer: str | None) -> edits.BoundModel:
+        target = self.bound(model, optimizer)
+        model_checks.check_editable(target.model, target.model_name)
+        return target
+
+    def _lora_switch(self, model: str | None, on: bool, command: str) -> Change:
+        target = self._lora_target(model, None)
+        action = "lora_on" if on else "lora_off"
+        return self._run(action, command, target, False, lambda tx: lora.switch(target, on, tx))
 
     def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""

@@ -197,9 +197,7 @@ class MagicCompleter:
         if line.entry["kind"] == "cell":
             return self._usage_values(_usage_slots(line.entry["usage"], 1), slot, typed)
         if name in ("freeze", "unfreeze"):
-            keys = [f"{k['name']}=" for k in line.entry["key_values"]]
-            targets = completion.target_candidates(workspace, typed, root=self._root(line))
-            return targets + [k for k in keys if k.startswith(typed) and typed]
+            return self._targets_and_keys(line)
         if name == "summary" and slot == 0:
             return completion.target_candidates(workspace, typed)
         if name == "replace_head" and slot == 0:
@@ -213,6 +211,13 @@ class MagicCompleter:
         if name == "fit" and slot == 1 and workspace.module(line.positionals[0]) is not None:
             return completion.variables(workspace, "loader", typed)
         return []
+
+    def _targets_and_keys(self, line: Line) -> list[str]:
+        """Module targets, and the magic's ``key=`` options once a word is begun."""
+        typed = line.fragment
+        keys = [f"{k['name']}=" for k in line.entry["key_values"]]
+        targets = completion.target_candidates(self.workspace, typed, root=self._root(line))
+        return targets + [k for k in keys if k.startswith(typed) and typed]
 
     # -- subcommands -----------------------------------------------------------------
 
@@ -232,11 +237,14 @@ class MagicCompleter:
             names = [s["name"] for s in entries if s["name"] not in ("", "*")]
             catch_all = [s for s in entries if s["name"] == "*"]
             found = [n for n in names if n.startswith(typed)]
-            if catch_all:
+            if catch_all and _usage_slots(catch_all[0]["usage"], 1)[0] == ["TARGETS"]:
+                found += self._targets_and_keys(line)  # `%lora blocks.*.attn.qkv`
+            elif catch_all:
                 found += self._usage_values(_usage_slots(catch_all[0]["usage"], 1), 0, typed)
             return found
         if subcommand["name"] == "*":
-            return []
+            takes_targets = _usage_slots(subcommand["usage"], 1)[0] == ["TARGETS"]
+            return self._targets_and_keys(line) if takes_targets else []
         slots = _usage_slots(subcommand["usage"], 2)
         return self._usage_values(slots, len(line.positionals) - 1, typed)
 

@@ -1,8 +1,12 @@
-"""``%freeze``, ``%unfreeze``, ``%replace_head`` and ``%summary``: surgery on a live model."""
+"""``%freeze``, ``%unfreeze``, ``%replace_head``, ``%lora`` and ``%summary``: surgery on a
+live model."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
+from functools import partial
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -10,8 +14,24 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
-from ..core.surgery.grammar import parse_count, parse_labels, parse_lr, parse_weight_decay
-from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse, strip_comment
+from ..core.surgery.grammar import (
+    parse_count,
+    parse_labels,
+    parse_lr,
+    parse_positive_float,
+    parse_weight_decay,
+)
+from .base import (
+    DRY_RUN,
+    OPT,
+    KeyOption,
+    Subcommand,
+    TopicMagics,
+    key_options,
+    parse,
+    strip_comment,
+    subcommands,
+)
 
 _COUNT = re.compile(r"^[+-]?[0-9]+$")  # a word that is meant as the class count N
 
@@ -38,6 +58,32 @@ WD = KeyOption(
     "float",
     "the weight decay of the parameters' home groups",
     "weight decay of the new groups",
+)
+
+LORA_R = KeyOption("r", "r=N", partial(parse_count, key="r"), "int", "8", "the adapters' rank")
+LORA_ALPHA = KeyOption(
+    "alpha",
+    "alpha=X",
+    partial(parse_positive_float, key="alpha"),
+    "float",
+    "16",
+    "the adapters' scale is alpha / r",
+)
+LORA_DROPOUT = KeyOption(
+    "dropout",
+    "dropout=P",
+    partial(parse_positive_float, key="dropout", allow_zero=True),
+    "float",
+    "0",
+    "dropout on the adapters' input",
+)
+LORA_LR = KeyOption(
+    "lr",
+    "lr=X",
+    partial(parse_positive_float, key="lr"),
+    "float",
+    "the head group's base lr",
+    "base lr of the adapters' group",
 )
 
 
@@ -171,6 +217,78 @@ class SurgeryMagics(TopicMagics):
                     command=f"%replace_head {strip_comment(line).strip()}",
                 )
             self.show(render.render(result, self.width))
+
+    # -- %lora subcommands: one Session call each, rendered ---------------------------
+
+    def _lora_add(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        targets, options = self.split(self.lora, words)
+        if not targets:
+            raise TorchMagicError("name the layers to adapt", param="targets")
+        result = self.session.lora(
+            *targets,
+            **options,
+            optimizer=args.optimizer,
+            dry_run=args.dry_run,
+            command=f"%lora {shlex.join(words)}",  # globs quoted, as typed
+        )
+        return render.render(result, self.width)
+
+    def _lora_merge(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        result = self.session.merge_lora(
+            *words,
+            optimizer=args.optimizer,
+            dry_run=args.dry_run,
+            command=" ".join(["%lora merge", *words]),
+        )
+        return render.render(result, self.width)
+
+    def _lora_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        command = " ".join(["%lora off", *words])
+        return render.render(self.session.lora_off(*words, command=command), self.width)
+
+    def _lora_on(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        command = " ".join(["%lora on", *words])
+        return render.render(self.session.lora_on(*words, command=command), self.width)
+
+    @magic_arguments()
+    @argument(
+        "words",
+        nargs="*",
+        metavar="TARGETS | merge | off | on",
+        help="layers to adapt, then optional r=N alpha=X dropout=P lr=X; or merge, off, on",
+    )
+    @OPT
+    @DRY_RUN
+    @key_options(LORA_R, LORA_ALPHA, LORA_DROPOUT, LORA_LR)
+    @subcommands(
+        Subcommand(
+            "merge",
+            _lora_merge,
+            "fold the adapters into the weights: layers as before, adapters out of the optimizer",
+            words="[MODEL]",
+            arity=(0, 1),
+            options=("--opt", "--dry-run"),
+        ),
+        Subcommand("off", _lora_off, "the model without its adapters (kept)", "[MODEL]", (0, 1)),
+        Subcommand("on", _lora_on, "the adapters contribute again", "[MODEL]", (0, 1)),
+        other=Subcommand(
+            "*",
+            _lora_add,
+            "add LoRA adapters to the Linear / Conv2d / Embedding layers named or inside",
+            words="TARGETS [r=N] [alpha=X] [dropout=P] [lr=X]",
+            arity=(1, 1000),
+            options=("--opt", "--dry-run"),
+        ),
+    )
+    @line_magic
+    def lora(self, line: str) -> None:
+        """Low-rank adapters (peft's LoRA layers) on the Linear / Conv2d / Embedding layers, in
+        place: their base weights freeze and leave the optimizer (state kept for undo), the
+        adapters train in a new group lora at base lr X (default: the head group's), outputs
+        unchanged; merge folds them into the weights, off/on switch them; each undoable."""
+        args = parse(self.lora, line)
+        with self.interrupts(f"%lora {strip_comment(line).strip()}"):
+            self.show(self.dispatch(self.lora, args.words, args))
 
     @magic_arguments()
     @argument(

@@ -21,6 +21,18 @@ def _signed(n: int) -> str:
     return ("+" if n >= 0 else "-") + human_bytes(abs(n))
 
 
+def _lora_saving(state: int | None, full: int | None) -> Text | None:
+    """The optimizer state LoRA holds against what full fine-tuning would."""
+    if full is None or state is None:
+        return None
+    ratio = f" ({full / state:.0f}x less)" if state else ""
+    return Text(
+        f"LoRA: optimizer state {human_bytes(state)}; full fine-tuning would hold "
+        f"{human_bytes(full)}{ratio}",
+        style=theme.style("ok"),
+    )
+
+
 def memory(report: MemoryReport, width: int | None = None) -> Rendered:
     whose = f" of `{report.model_name}`" if report.model_name else ""
     drawn = _table(f"memory on {report.device}{whose}")
@@ -54,6 +66,9 @@ def memory(report: MemoryReport, width: int | None = None) -> Rendered:
         totals.append(f"free {human_bytes(report.free)} of {human_bytes(report.total)}")
     if totals:
         parts.append(Text(" · ".join(totals) + f"  ({report.source})"))
+    saving = _lora_saving(report.optimizer_state, report.full_finetune_state)
+    if saving is not None:
+        parts.append(saving)
     if report.elsewhere:
         parts.append(
             Text(f"{human_bytes(report.elsewhere)} of these tensors live on other devices")
@@ -140,6 +155,9 @@ def estimate(est: Estimate, width: int | None = None) -> Rendered:
     if est.peak is not None:
         _peak_rows(drawn, est.peak)
     parts: list[RenderableType] = [drawn]
+    saving = _lora_saving(est.optimizer_state, est.full_finetune_state)
+    if saving is not None:
+        parts.append(saving)
     if est.frozen and est.freeze_saving is not None:
         parts.append(
             Text(

@@ -107,7 +107,15 @@ def _bn_text(modes: Mapping[str, int]) -> Text | None:
     return Text("BatchNorm: " + "; ".join(parts), style=theme.style("bn"))
 
 
-_VERBS = {"freeze": "froze", "unfreeze": "unfroze", "replace_head": "replaced head"}
+_VERBS = {
+    "freeze": "froze",
+    "unfreeze": "unfroze",
+    "replace_head": "replaced head",
+    "lora": "added LoRA adapters to",
+    "merge_lora": "merged the LoRA adapters of",
+    "lora_off": "switched off the LoRA adapters of",
+    "lora_on": "switched on the LoRA adapters of",
+}
 # What a block the command left as it was already is: "already frozen".
 _ALREADY = {"freeze": "frozen", "unfreeze": "trainable"}
 # Parameters whose requires_grad was already right, set by hand, but whose optimizer was not.
@@ -237,7 +245,7 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
         name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
         cells: list[RenderableType] = [
             Padding(name, (0, 0, 0, 2 * row.depth)),  # an indent, not spaces to wrap at
-            row.kind,
+            f"{row.kind} · lora r={row.lora_rank}" if row.lora_rank else row.kind,
             human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
         ]
@@ -263,6 +271,8 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
             f"buffers {human_bytes(c.buffer_bytes)} · depth {report.depth}"
         )
     )
+    if report.adapter_params:
+        parts.append(Text(f"LoRA adapters: {human(report.adapter_params)} params"))
     if report.groups:
         parts += _groups(report.groups, report.optimizer_name)
     return Rendered(Group(*parts), width)

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import TorchMagicError
+from ..integrations import peft
 from ..modules import unwrap
 from ..tensors import state_bytes, total_bytes
 from .placement import reference_device
@@ -96,6 +97,9 @@ class Estimate:
     trainable: int  # parameters (elements)
     frozen: int
     freeze_saving: int | None  # gradients + state the frozen parameters would need
+    # with LoRA adapters: the optimizer state of full fine-tuning (every base weight
+    # trained, no adapters) under the same optimizer; None without adapters or rule
+    full_finetune_state: int | None = None
 
     @property
     def persistent(self) -> int:
@@ -206,6 +210,23 @@ def _state_estimate(
     lacking = [p for _, params in groups for p in params if not optimizer.state.get(p)]
     total = held + idle + round(ratio * total_bytes(lacking))
     return _State(total, f"measured: {ratio:.2f} bytes of state per parameter byte", None, idle)
+
+
+def full_finetune_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | type[torch.optim.Optimizer] | str | None,
+) -> int | None:
+    """Optimizer state full fine-tuning would hold: every parameter but the LoRA
+    adapters trained, under ``optimizer``'s rule. None without adapters (or a rule)."""
+    adapters = {id(p) for p in peft.adapters_of(model)}
+    if not adapters or optimizer is None:
+        return None
+    rule_of = _rule_for(_optimizer_class(optimizer))
+    if rule_of is None:
+        return None
+    defaults = optimizer.defaults if isinstance(optimizer, torch.optim.Optimizer) else {}
+    base = [p for p in model.parameters() if id(p) not in adapters]
+    return _rule_bytes(rule_of(defaults), base)
 
 
 def _describe(rule: StateRule) -> str:
@@ -608,4 +629,5 @@ def estimate(
         trainable=sum(p.numel() for p in trainable),
         frozen=sum(p.numel() for p in frozen),
         freeze_saving=saving,
+        full_finetune_state=full_finetune_state(real, optimizer),
     )

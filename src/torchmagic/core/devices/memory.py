@@ -23,6 +23,7 @@ from torch import nn
 from ..modules import unwrap
 from ..tensors import leaves, nbytes, optimizer_params, state_tensors, total_bytes, unique
 from . import hostmem
+from .estimate import full_finetune_state
 from .placement import reference_device
 
 # Lists / dicts in the user namespace longer than this are not searched for tensors that
@@ -56,6 +57,8 @@ class MemoryReport:
     traceback_frames: int
     traceback_bytes: int  # tensors referenced by those frames' locals
     history_bytes: int = 0  # host tensors the undo history keeps alive (set aside for undo)
+    # with LoRA adapters: the optimizer state full fine-tuning would hold (estimated)
+    full_finetune_state: int | None = None
 
     @property
     def tensors(self) -> int:
@@ -222,6 +225,7 @@ def breakdown(
         total=total,
         traceback_frames=frames,
         traceback_bytes=held,
+        full_finetune_state=None if real is None else full_finetune_state(real, optimizer),
     )
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
 from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync, ties
 from .counting import group_keys
@@ -99,6 +100,7 @@ def fingerprint(target: BoundModel) -> tuple:
     return (
         _states(target.model, [Block("", target.model)], target.optimizer),
         tuple(group_keys(target.optimizer).values()),
+        tuple(peft.enabled(layer) for _, layer in peft.lora_layers(target.model)),
     )
 
 
@@ -426,24 +428,38 @@ def _carry_hooks(old: nn.Module, new: nn.Module) -> int:
 
 
 def _copy_heads(
-    copy: nn.Module, found: Sequence[heads.Head], new_modules: Sequence[nn.Module], tx: Transaction
+    ema_copy: nn.Module,
+    found: Sequence[heads.Head],
+    new_modules: Sequence[nn.Module],
+    tx: Transaction,
 ) -> list[heads.Head]:
-    """Put a copy of each new head into the EMA ``copy`` at the same path, on the device,
+    """Put a copy of each new head into ``ema_copy`` at the same path, on the device,
     dtype and trainability of the copy's old head; the copy's heads as found there."""
     copied = []
     for head, new in zip(found, new_modules, strict=True):
         name = head.name
-        old = copy.get_submodule(name)
+        old = ema_copy.get_submodule(name)
         twin = deepcopy(new)
         reference = next(old.parameters(), None)
         if reference is not None:
             twin.to(device=reference.device, dtype=reference.dtype)
             twin.requires_grad_(reference.requires_grad)
-        parent, attr = parent_of(copy, name)
+        parent, attr = parent_of(ema_copy, name)
         tx.hold([*old.parameters(), *old.buffers()])
         tx.set_attr(parent, attr, twin)
         copied.append(heads.Head(name, old, head.role))
     return copied
+
+
+def _replace_twin(model: nn.Module, name: str, head: nn.Module, tx: Transaction) -> None:
+    """Put a frozen copy of the new ``head`` at ``name``, the frozen original peft keeps
+    beside a trained head copy (``modules_to_save``): with the adapters off the model
+    then has the new class count too."""
+    old = model.get_submodule(name)
+    twin = deepcopy(head).requires_grad_(False)
+    tx.hold([*old.parameters(), *old.buffers()])
+    parent, attr = parent_of(model, name)
+    tx.set_attr(parent, attr, twin)
 
 
 def replace_head(
@@ -490,9 +506,14 @@ def replace_head(
             notes.append(f"{name}: its {carried} hook(s) now run on the new head")
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, new)
+        twin = peft.original_of(target.model, name)
+        if twin is not None:
+            _replace_twin(target.model, twin, new, tx)
+            notes.append(f"{twin}: peft's frozen original, now a frozen copy of the new head")
     synced = model_config.sync(target.model, found, num_classes, labels, tx)
-    for path, copy in target.ema_copies:
-        model_config.sync(copy, _copy_heads(copy, found, new_modules, tx), num_classes, labels, tx)
+    for path, ema_copy in target.ema_copies:
+        copied = _copy_heads(ema_copy, found, new_modules, tx)
+        model_config.sync(ema_copy, copied, num_classes, labels, tx)
         notes.append(f"EMA copy `{path}`: the same heads replaced (copies of the new ones)")
     if target.rebuilt is not None and opt is not None:
         notes.append(

@@ -40,6 +40,7 @@ from torch import nn
 
 from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
+from ..integrations import peft
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
 HEAD_NAMES = frozenset({"fc", "classifier", "head", "heads", "head_dist", "last_linear"})
@@ -112,10 +113,12 @@ def _within(name: str, ancestor: str) -> bool:
 
 
 def _last_head_layer(module: nn.Module, prefix: str, role: str = "main") -> Head | None:
-    """The last head layer inside ``module`` in registration order."""
+    """The last head layer inside ``module`` in registration order that the forward runs
+    (in a peft ``modules_to_save`` wrapper: the active trained copy)."""
     found = None
+    passive = peft.passive_paths(module, prefix)
     for name, sub in module.named_modules(prefix=prefix):
-        if is_head_layer(sub):
+        if is_head_layer(sub) and not any(_within(name, p) for p in passive):
             found = Head(name, sub, role)
     return found
 
@@ -148,8 +151,9 @@ def _library_heads(model: nn.Module) -> list[Head] | None:
 
 
 def _trails(model: nn.Module, name: str) -> bool:
-    """Structure alone shows that ``name``'s output is the model's output."""
-    parts = name.split(".")
+    """Structure alone shows that ``name``'s output is the model's output (a peft trained
+    copy's is its wrapper's)."""
+    parts = (peft.copy_wrapper(model, name) or name).split(".")
     for depth in reversed(range(len(parts))):
         parent, part = model.get_submodule(".".join(parts[:depth])), parts[depth]
         if isinstance(parent, nn.Sequential):

@@ -90,6 +90,7 @@ class SummaryRow:
     state: str  # "trainable", "frozen", "partial" or "" (no parameters)
     bn: Mapping[str, int]  # BatchNorm layers inside by mode ("held", "frozen", "eval", "train")
     groups: tuple[int, ...]  # indices of the optimizer groups holding its parameters
+    lora_rank: int = 0  # the rank of a LoRA layer's active adapter (0: not one)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class SummaryReport:
     counts: Counts
     optimizer_name: str | None
     groups: tuple[GroupInfo, ...]  # every group of the optimizer, ``groups[i].index == i``
+    adapter_params: int = 0  # parameters of LoRA adapters (in ``counts`` too)
 
     def lrs(self, row: SummaryRow) -> tuple[float, ...]:
         """The lrs (now) of the groups holding ``row``'s parameters."""

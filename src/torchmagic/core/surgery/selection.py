@@ -11,7 +11,7 @@ from functools import cached_property
 from torch import nn
 
 from ..errors import TorchMagicError
-from ..modules import unwrap
+from ..modules import unwrap, wrapper_prefix
 from . import ties
 from .grammar import Segment, Target, is_index
 
@@ -114,16 +114,11 @@ def resolve(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
     """Modules named by one target (relative to ``model``), in the order given."""
     model = unwrap(model)
     if target.glob is not None:
-        return _resolve_glob(model, target.glob)
-    segments = target.segments
-    # Paths written through a wrapper (`model.module.fc`, `model._orig_mod.fc`) still work.
-    while (
-        segments
-        and segments[0].text in ("module", "_orig_mod")
-        and (segments[0].text not in model._modules)
-    ):
-        segments = segments[1:]
-    return _resolve_path(model, Target(target.text, segments))
+        parts = target.glob.split(".")
+        return _resolve_glob(model, ".".join(parts[wrapper_prefix(model, parts[:-1]) :]))
+    # Paths written through a wrapper (`model.module.fc`, `base_model.model.blocks.3`) work.
+    skipped = wrapper_prefix(model, [s.text for s in target.segments])
+    return _resolve_path(model, Target(target.text, target.segments[skipped:]))
 
 
 def _is_within(name: str, ancestor: str) -> bool:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..modules import is_batchnorm
-from . import batchnorm
+from . import batchnorm, lora
 from .counting import count, describe_groups
 from .optimizer_sync import group_index
 from .results import SummaryReport, SummaryRow
@@ -80,6 +80,7 @@ def summarize(
                     trainable[a] += p.numel()
                 if id(p) in where:
                     in_groups[a].add(where[id(p)])
+    ranks = lora.ranks(model)
     rows = []
     for name, module in named:
         if name not in keep:
@@ -95,6 +96,7 @@ def summarize(
                 state=_state(numel[name], trainable[name]),
                 bn={m: modes[m] for m in _BN_ORDER if modes[m]},
                 groups=tuple(sorted(in_groups[name])),
+                lora_rank=ranks.get(name, 0),
             )
         )
     hidden = max(0, len(rows) - max_rows)
@@ -107,4 +109,5 @@ def summarize(
         counts=count(model),
         optimizer_name=optimizer_name,
         groups=describe_groups(optimizer, schedulers=schedulers, names=scheduler_names),
+        adapter_params=lora.adapter_count(model),
     )

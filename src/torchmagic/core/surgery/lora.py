@@ -1,0 +1,277 @@
+"""LoRA as surgery: peft's low-rank adapters put into the live model in place, merged into
+it, or switched off and on, with the optimizer kept in step.
+
+- ``add``: each targeted ``Linear`` / ``Conv2d`` is wrapped in peft's LoRA layer (B starts
+  at zero: outputs are unchanged). Only the targeted layers change trainability: their
+  base weight and bias stop training and leave the optimizer (state set aside for undo,
+  as a freeze does); the adapters join one new param group at a base lr, following the
+  head group's schedule as a new ``unfreeze`` group does.
+- ``merge``: peft folds the adapters into the base weights and the base layers go back
+  where they were (parameter names and module types as before ``add``), trainable as
+  they were before it; the adapters leave the optimizer (their group stays, emptied).
+- ``switch``: the adapters' contribution off or on, nothing else changed.
+
+The model object stays the same (no PeftModel around it). Which layers a command added,
+and how their base weights trained before, is kept in :data:`_ADDED`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from ..errors import TorchMagicError
+from ..integrations import peft
+from ..modules import parent_of, unique_parameters
+from . import optimizer_sync, scheduler_sync
+from .edits import BoundModel, _drop_grads, _numel, _set_requires_grad, head_group
+from .optimizer_sync import OptimizerEditor
+from .results import Effect
+from .selection import Selection
+from .transaction import Transaction
+
+GROUP = "lora"
+
+# LoRA layer → the requires_grad flags of its base layer's parameters before ``add``.
+_ADDED: weakref.WeakKeyDictionary[nn.Module, tuple[bool, ...]] = weakref.WeakKeyDictionary()
+
+
+def _kind(module: nn.Module) -> str:
+    return type(module).__name__
+
+
+def _inside_lora(model: nn.Module) -> set[str]:
+    """Qualified names of the modules that are parts of LoRA layers (their base layers
+    and adapters), never targets themselves."""
+    return {
+        f"{name}.{inner}"
+        for name, layer in peft.lora_layers(model)
+        for inner, _ in layer.named_modules()
+        if inner
+    }
+
+
+def _uncalled(model: nn.Module) -> set[str]:
+    """Qualified names of layers whose forward never runs: a MultiheadAttention's
+    ``out_proj`` (it reads the weight directly), which an adapter would not change."""
+    return {
+        f"{name}.out_proj" if name else "out_proj"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.MultiheadAttention)
+    }
+
+
+def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
+    """The layers LoRA adapts in ``selection``: each block that is one of
+    :data:`peft.ADAPTABLE`, and those inside the others. A block with none, or already
+    adapted, is refused."""
+    model = selection.model
+    inside = _inside_lora(model)
+    uncalled = _uncalled(model)
+    found: dict[str, nn.Module] = {}
+    for block in selection.blocks:
+        if peft.is_lora_layer(block.module) or block.name in inside:
+            raise TorchMagicError(f"{block.name} already has LoRA adapters", param="targets")
+        if block.name in uncalled:
+            raise TorchMagicError(
+                f"{block.name} is a MultiheadAttention's output projection, whose forward "
+                "never runs (the attention reads its weight): adapt other Linear layers",
+                param="targets",
+            )
+        modules = block.module.named_modules(prefix=block.name) if block.recurse else ()
+        hits = [
+            (n, m)
+            for n, m in modules
+            if isinstance(m, peft.ADAPTABLE)
+            and n not in inside
+            and n not in uncalled
+            and not peft.is_lora_layer(m)
+        ]
+        if not hits:
+            kinds = "Linear, Conv2d or Embedding"
+            what = f"a {_kind(block.module)}"
+            if block.module._modules:
+                what += f" with no {kinds} outside LoRA layers"
+            raise TorchMagicError(
+                f"{block.name or 'the model'} is {what}: LoRA adapts {kinds} layers",
+                param="targets",
+            )
+        for name, module in hits:
+            found.setdefault(name, module)
+    return list(found.items())
+
+
+def check_options(r: int, alpha: float, dropout: float) -> None:
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise TorchMagicError(f"r must be a positive integer, got {r!r}", param="r")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise TorchMagicError(f"alpha must be a positive number, got {alpha!r}", param="alpha")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise TorchMagicError(f"dropout must be in [0, 1), got {dropout!r}", param="dropout")
+
+
+def _record(layer: nn.Module, flags: tuple[bool, ...] | None, tx: Transaction) -> None:
+    """Set (or, with None, forget) what ``_ADDED`` knows about ``layer``; undone with tx."""
+    old = _ADDED.get(layer)
+
+    def restore() -> None:
+        if old is None:
+            _ADDED.pop(layer, None)
+        else:
+            _ADDED[layer] = old
+
+    tx.add(restore)
+    if flags is None:
+        _ADDED.pop(layer, None)
+    else:
+        _ADDED[layer] = flags
+
+
+def _group_name(opt: torch.optim.Optimizer) -> str:
+    """``lora``, unless a group of that name still holds adapters (``lora 2`` …)."""
+    taken = {g.get("name") for g in opt.param_groups if g["params"]}
+    name, k = GROUP, 1
+    while name in taken:
+        k += 1
+        name = f"{GROUP} {k}"
+    return name
+
+
+def add(
+    target: BoundModel,
+    selection: Selection,
+    r: int,
+    alpha: float,
+    dropout: float,
+    lr: float | None,
+    tx: Transaction,
+) -> Effect:
+    """Adapt the selected layers with rank-``r`` LoRA (scale ``alpha / r``); the adapters
+    train in a new group at base lr ``lr`` (default: the head group's base lr)."""
+    check_options(r, alpha, dropout)
+    opt = target.optimizer
+    if opt is None and lr is not None:
+        raise TorchMagicError(
+            f"lr needs an optimizer, and none holds parameters of '{target.model_name}'",
+            param="lr",
+        )
+    layers = targets(selection)
+    adapter = peft.adapter_name(target.model)
+    made = [
+        (name, base, peft.make_lora_layer(base, adapter, r, alpha, dropout))
+        for name, base in layers
+    ]
+    bases = unique_parameters(base for _, base, _ in made)
+    adapters = [p for _, _, layer in made for p in peft.adapter_parameters(layer)]
+    freed = 0
+    if opt is not None:
+        head = head_group(target, exclude=bases) or 0
+        base_lr = lr if lr is not None else scheduler_sync.base_lr(opt, target.schedulers, head)
+        scheduler_sync.check_followable(target.schedulers, opt, [head])
+        scheduler_sync.snapshot(target.schedulers, opt, tx)
+        editor = OptimizerEditor(opt, tx, target.model)
+        freed = editor.remove(bases)
+    for _, base, layer in made:
+        _record(layer, tuple(p.requires_grad for p in base.parameters()), tx)
+    _set_requires_grad(bases, False, tx)
+    _drop_grads(bases, tx)
+    tx.stops_after_undo.extend(adapters)
+    for name, _, layer in made:
+        parent, attr = parent_of(target.model, name)
+        tx.set_attr(parent, attr, layer)
+    if opt is not None:
+        index = editor.add_group(adapters, name=_group_name(opt), lr=base_lr, template=opt.defaults)
+        scheduler_sync.follow(target.schedulers, opt, index, head, base_lr)
+    notes = (
+        f"rank {r}, alpha {alpha:g} (scale {alpha / r:g}); the base weights of "
+        f"{len(made)} layer(s) frozen; outputs unchanged (B starts at zero)",
+    )
+    return Effect(tuple(n for n, _, _ in made), _numel(adapters), freed, notes=notes)
+
+
+def _adapted(model: nn.Module, model_name: str) -> list[tuple[str, nn.Module]]:
+    layers = peft.lora_layers(model)
+    if not layers:
+        raise TorchMagicError(f"'{model_name}' has no LoRA adapters")
+    return layers
+
+
+def merge(target: BoundModel, tx: Transaction) -> Effect:
+    """Fold every LoRA layer of the model into its base layer and put the base layer back
+    in its place, trainable as before the adapters came (peft's own layers: as they are
+    now); the adapters leave the optimizer."""
+    layers = _adapted(target.model, target.model_name)
+    adapters = [p for _, layer in layers for p in peft.adapter_parameters(layer)]
+    opt = target.optimizer
+    if opt is not None:
+        scheduler_sync.snapshot(target.schedulers, opt, tx)
+        editor = OptimizerEditor(opt, tx, target.model)
+        editor.remove(adapters)
+    _set_requires_grad(adapters, False, tx)
+    _drop_grads(adapters, tx)
+    tx.trains_after_undo.extend(adapters)
+    tx.hold(adapters)  # the LoRA layers leave the model: only the log keeps them
+    retrain: list[nn.Parameter] = []
+    for name, layer in layers:
+        base = peft.base_of(layer)
+        params = list(base.parameters())
+        saved = [p.detach().clone() for p in params]
+        merged = peft.merged_adapters(layer)
+        tx.hold(saved)
+
+        def restore(params=params, saved=saved, layer=layer, merged=merged) -> None:
+            with torch.no_grad():
+                for p, old in zip(params, saved, strict=True):
+                    p.copy_(old)
+            peft.unmark_merged(layer, merged)
+
+        tx.add(restore)
+        with torch.no_grad():
+            peft.merge(layer)
+        before = _ADDED.get(layer, tuple(p.requires_grad for p in params))
+        _record(layer, None, tx)
+        retrain += [p for p, flag in zip(params, before, strict=True) if flag]
+        parent, attr = parent_of(target.model, name)
+        tx.set_attr(parent, attr, base)
+    _set_requires_grad(retrain, True, tx)
+    if opt is not None and retrain:
+        book = optimizer_sync.homes(opt)
+        by_home: dict[int, list[nn.Parameter]] = {}
+        for p in retrain:
+            home = book.index(opt, p)
+            if home is not None:
+                by_home.setdefault(home, []).append(p)
+        for home, ps in by_home.items():
+            editor.join(home, ps)
+    notes = (
+        (f"{_numel(retrain)} merged base weights train again, as before LoRA",) if retrain else ()
+    )
+    return Effect(tuple(n for n, _ in layers), _numel(adapters), notes=notes)
+
+
+def switch(target: BoundModel, on: bool, tx: Transaction) -> Effect:
+    """Turn the model's adapters on or off (outputs without them), nothing else."""
+    layers = _adapted(target.model, target.model_name)
+    changed = [(n, layer) for n, layer in layers if peft.enabled(layer) != on]
+
+    def restore() -> None:
+        for _, layer in changed:
+            peft.set_enabled(layer, not on)
+
+    tx.add(restore)
+    for _, layer in changed:
+        peft.set_enabled(layer, on)
+    adapters = [p for _, layer in changed for p in peft.adapter_parameters(layer)]
+    return Effect(tuple(n for n, _ in layers), _numel(adapters))
+
+
+def adapter_count(model: nn.Module) -> int:
+    """Parameters of the model's LoRA adapters."""
+    return _numel(peft.adapters_of(model))
+
+
+def ranks(model: nn.Module) -> dict[str, int]:
+    """The rank of each LoRA layer, by qualified name."""
+    return {name: peft.rank(layer) for name, layer in peft.lora_layers(model)}
