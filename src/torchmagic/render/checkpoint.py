@@ -21,7 +21,10 @@ def _commands(commands: tuple[str, ...]) -> list[RenderableType]:
 
 
 def _what(optimizer: str | None, groups: int, schedulers: tuple[str, ...], amp: str | None) -> Text:
-    parts = [f"optimizer `{optimizer}` ({groups} param groups)" if optimizer else "no optimizer"]
+    plural = "" if groups == 1 else "s"
+    parts = [
+        f"optimizer `{optimizer}` ({groups} param group{plural})" if optimizer else "no optimizer"
+    ]
     parts.append(f"schedulers: {', '.join(schedulers)}" if schedulers else "no scheduler")
     parts.append(f"AMP {amp}" if amp else "AMP off")
     return Text(" · ".join(parts))
@@ -37,8 +40,7 @@ def saved(report: SaveReport, width: int | None = None) -> Rendered:
         Text(f"structure: {len(report.commands)} command(s), replayed by a resume:"),
         *_commands(report.commands),
         Text(
-            "continue elsewhere: torchmagic.resume(path, model, optimizer, schedulers) on a "
-            "model built the way this one first was",
+            "continue elsewhere: torchmagic.resume(PATH, model, optimizer, schedulers)",
             style=theme.style("dim"),
         ),
     ]
