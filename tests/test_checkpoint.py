@@ -94,6 +94,18 @@ def test_resume_continues_bit_for_bit(saved):
     assert resumed.history()[0].stale == "replayed from a checkpoint"
 
 
+def test_nothing_points_into_the_file_after_a_resume(saved):
+    """The file is read memory-mapped; writing over it in place (a hand-written
+    ``torch.save`` to the same path) must not pull the optimizer state away."""
+    path, *_ = saved
+    fresh, fresh_opt, fresh_sched = build_net()
+    torchmagic.resume(path, fresh, fresh_opt, [fresh_sched])
+    with open(path, "wb") as stream:  # truncated in place, same inode
+        stream.write(b"x")
+    train(fresh, fresh_opt, loader(), fresh_sched.step)
+    assert all(torch.isfinite(s["exp_avg"]).all() for s in fresh_opt.state.values())
+
+
 def test_groups_and_homes_follow_the_engine_after_resume(saved):
     """Later commands after a resume do what they would have done in the notebook."""
     path, _, (model, opt, sched), tm = saved

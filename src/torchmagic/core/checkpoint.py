@@ -315,14 +315,15 @@ def write(payload: dict, path: str | os.PathLike) -> int:
 
 
 def read(path: str | os.PathLike) -> dict:
-    """The checkpoint at ``path``, loaded with ``weights_only=True`` onto the CPU; a file
+    """The checkpoint at ``path``, loaded with ``weights_only=True`` onto the CPU and
+    memory-mapped (weights are copied once, into the model; see :func:`_owned`); a file
     that is missing, truncated, not torch's or not ours is refused in one line."""
     path = os.fspath(path)
     where = f"cannot resume from '{path}'"
     if not os.path.isfile(path):
         raise TorchMagicError(f"{where}: no such file", param="path")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001  # any file: torch raises many kinds
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TorchMagicError(
@@ -494,11 +495,25 @@ def check_replayed(payload: dict, path: str, target: BoundModel) -> None:
 # -- loading -------------------------------------------------------------------------
 
 
+def _owned(value: Any) -> Any:
+    """``value`` with every tensor copied: the file is read memory-mapped, and nothing may
+    keep pointing into it (a later write over that file would pull the pages away)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_owned(v) for v in value)
+    return value
+
+
 def _placed(value: object, param: nn.Parameter, group: dict, key: str) -> object:
-    """A state value where the optimizer keeps it: with its parameter, except a host step."""
-    if not isinstance(value, torch.Tensor) or step_stays_on_host(group, key):
+    """A state value where the optimizer keeps it (with its parameter, except a host
+    ``step``), in memory of its own."""
+    if not isinstance(value, torch.Tensor):
         return value
-    return value.to(param.device)
+    moved = value if step_stays_on_host(group, key) else value.to(param.device)
+    return moved.clone() if moved is value else moved
 
 
 def load_states(payload: dict, target: BoundModel) -> None:
@@ -510,7 +525,7 @@ def load_states(payload: dict, target: BoundModel) -> None:
     if opt is not None and saved is not None:
         names = parameter_names(model)
         for group, saved_group in zip(opt.param_groups, saved["groups"], strict=True):
-            group.update(saved_group["hyperparameters"])
+            group.update(_owned(saved_group["hyperparameters"]))
             for p in group["params"]:
                 state = saved["state"].get(names[id(p)])
                 if state is None:
@@ -520,7 +535,7 @@ def load_states(payload: dict, target: BoundModel) -> None:
     for scheduler, state in zip(
         scheduler_sync.roots(target.schedulers), payload["schedulers"], strict=True
     ):
-        scheduler.load_state_dict(state["state"])  # type: ignore[attr-defined]
+        scheduler.load_state_dict(_owned(state["state"]))  # type: ignore[attr-defined]
 
 
 def load_precision(
@@ -534,7 +549,7 @@ def load_precision(
     if scaler is not None:
         amp.scaler = scaler
     if payload["scaler"] is not None and amp.scaler is not None:
-        amp.scaler.load_state_dict(payload["scaler"])
+        amp.scaler.load_state_dict(_owned(payload["scaler"]))
 
 
 def load_rng(payload: dict) -> None:
