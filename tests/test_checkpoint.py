@@ -365,3 +365,15 @@ def test_resume_in_a_fresh_process(saved, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     train(model, opt, loader(), sched.step)
     assert_same(state(model, opt), torch.load(tmp_path / "after.pt", weights_only=True))
+
+
+def test_the_grad_scaler_state_goes_into_the_callers_scaler(tmp_path):
+    model, opt, sched = build_net()
+    tm = torchmagic.Session(model, opt, schedulers=[sched])
+    tm.amp.scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=7)
+    tm.save(tmp_path / "s.pt")
+    fresh, fresh_opt, fresh_sched = build_net()
+    mine = torch.amp.GradScaler("cpu")
+    resumed = torchmagic.resume(tmp_path / "s.pt", fresh, fresh_opt, [fresh_sched], scaler=mine)
+    assert resumed.amp.scaler is mine
+    assert mine.get_scale() == 512.0 and mine.get_growth_interval() == 7
