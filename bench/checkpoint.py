@@ -109,18 +109,13 @@ def paired(
 
 
 def hand_save(model, opt, sched, path: str, sync: bool) -> None:
-    with open(path, "wb") as stream:
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-            },
-            stream,
-        )
-        if sync:
-            stream.flush()
-            os.fsync(stream.fileno())
+    """What a user writes: one ``torch.save`` of the three state_dicts, by file name."""
+    states = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.save({**states, "scheduler": sched.state_dict()}, path)
+    if sync:
+        handle = os.open(path, os.O_RDONLY)
+        os.fsync(handle)
+        os.close(handle)
 
 
 def bench(name: str, repeat: int, folder: str) -> list[tuple[str, float, float]]:

@@ -307,8 +307,9 @@ def test_an_interrupted_save_leaves_the_old_file(saved, monkeypatch):
     path, _, _, tm = saved
     old = path.read_bytes()
 
-    def half_then_interrupt(payload, stream):
-        stream.write(b"PK\x03\x04 partial")
+    def half_then_interrupt(payload, where):
+        with open(where, "wb") as stream:
+            stream.write(b"PK\x03\x04 partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", half_then_interrupt)

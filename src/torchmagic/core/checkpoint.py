@@ -295,23 +295,26 @@ def write(payload: dict, path: str | os.PathLike) -> int:
     if not os.path.isdir(folder):
         raise TorchMagicError(f"cannot save to '{path}': no folder '{folder}'", param="path")
     fd, temporary = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as stream:
-            torch.save(payload, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
+        torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
+        _fsync(temporary, os.O_RDONLY)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
     with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        _fsync(folder, os.O_RDONLY)
     return os.path.getsize(path)
+
+
+def _fsync(path: str, flags: int) -> None:
+    handle = os.open(path, flags)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def read(path: str | os.PathLike) -> dict:
