@@ -290,7 +290,7 @@ def summarize_resume(payload: dict, path: str, target: BoundModel) -> ResumeRepo
 def write(payload: dict, path: str | os.PathLike) -> int:
     """``torch.save`` into a temporary file beside ``path``, synced, then renamed over it:
     ``path`` is the old file or the whole new one, never a part. Returns its size."""
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise TorchMagicError(f"cannot save to '{path}': no folder '{folder}'", param="path")
@@ -321,7 +321,7 @@ def read(path: str | os.PathLike) -> dict:
     """The checkpoint at ``path``, loaded with ``weights_only=True`` onto the CPU and
     memory-mapped (weights are copied once, into the model; see :func:`_owned`); a file
     that is missing, truncated, not torch's or not ours is refused in one line."""
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     where = f"cannot resume from '{path}'"
     if not os.path.isfile(path):
         raise TorchMagicError(f"{where}: no such file", param="path")
@@ -451,8 +451,8 @@ def check_fresh(
 
 
 def check_replayed(payload: dict, path: str, target: BoundModel) -> None:
-    """After the replay: the model, its flags, BatchNorm policies and param groups are
-    exactly the file's, by name."""
+    """After the replay: the model, its flags, BatchNorm policies, label maps and param
+    groups are exactly the file's, by name."""
     model, saved, name = target.model, payload["model"], target.model_name
     difference = _first_difference(_shapes(saved["state_dict"]), _shapes(model.state_dict()), name)
     if difference:
@@ -470,6 +470,10 @@ def check_replayed(payload: dict, path: str, target: BoundModel) -> None:
             raise _refuse(
                 path, f"after replaying, BatchNorm '{key}' is {policies.get(key)}, not {policy}"
             )
+    labels = _label_maps(model)
+    for key, value in saved["labels"].items():
+        if labels.get(key) != value:
+            raise _refuse(path, f"after replaying, the model's {key} is not the file's")
     opt = payload["optimizer"]
     if opt is None or target.optimizer is None:
         return

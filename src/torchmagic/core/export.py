@@ -78,7 +78,7 @@ def script(
 
 
 def write(text: str, path: str | os.PathLike) -> None:
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     if not path.endswith(".py"):
         raise TorchMagicError(
             f"export writes a Python script: '{path}' must end in .py", param="path"

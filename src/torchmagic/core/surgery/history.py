@@ -76,12 +76,13 @@ class History:
         )
         tx.add(lambda: self._discard(record))
         self._next += 1
+        self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
-        self._applied.append(record)
         drop = self._overflow(max_entries, max_bytes)
-        for old in self._records[:drop]:
-            old.tx = None  # its undo log goes; the command stays applied
+        dropped = self._records[:drop]
         del self._records[:drop]
+        for old in dropped:
+            old.tx = None  # its undo log goes; the command stays applied
         return drop
 
     def _overflow(self, max_entries: int, max_bytes: int) -> int:
