@@ -624,10 +624,10 @@ class Session:
                 self._replay_call(target, call, command)
                 replayed += 1
             checkpoint.check_replayed(payload, where, target)
-        except TorchMagicError as exc:
+        except BaseException as exc:  # a refusal, a bug or Ctrl-C: the replay is undone
             for _ in range(replayed):
                 self.undo()
-            if str(exc).startswith("cannot resume"):
+            if not isinstance(exc, TorchMagicError) or str(exc).startswith("cannot resume"):
                 raise
             raise TorchMagicError(
                 f"cannot resume from '{where}': replaying {calls[replayed][0]} failed: {exc}; "
