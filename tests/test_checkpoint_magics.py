@@ -42,7 +42,9 @@ def test_save_then_load_in_a_fresh_shell(ip, tmp_path):
     assert_same(state(model, opt), state(fresh, fresh_opt))
     with capture_output() as cap:
         ip.run_line_magic("tm", "history")
-    assert "%replace_head fc 4" in cap.outputs[0].data["text/plain"]
+    listed = cap.outputs[0].data["text/plain"]
+    assert "%replace_head fc 4" in listed and "replayed from a checkpoint" in listed
+    assert "stale" not in listed
 
 
 def test_load_of_a_bad_file_is_one_usage_error(ip, tmp_path):
