@@ -344,6 +344,7 @@ def test_bn_frozen_exclude_and_sets_of_lrs_replay(tmp_path):
     assert_same(state(model, opt), state(fresh, fresh_opt))
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process(saved, tmp_path):
     """The other process builds the model the original way and continues."""
     path, _, (model, opt, sched), _ = saved
@@ -378,3 +379,23 @@ def test_the_grad_scaler_state_goes_into_the_callers_scaler(tmp_path):
     resumed = torchmagic.resume(tmp_path / "s.pt", fresh, fresh_opt, [fresh_sched], scaler=mine)
     assert resumed.amp.scaler is mine
     assert mine.get_scale() == 512.0 and mine.get_growth_interval() == 7
+
+
+def test_a_save_replays_commands_undo_no_longer_keeps(saved, tmp_path):
+    """Limits and clear cap the undo logs; the commands in effect stay in the file."""
+    _, _, (model, opt, sched), tm = saved
+    tm.clear_history()
+    tm.freeze("layer2")
+    tm.undo()  # undone: not in effect, not in the file
+    tm.save(tmp_path / "after_clear.pt")
+    commands = [
+        c["command"] for c in torch.load(tmp_path / "after_clear.pt", weights_only=True)["history"]
+    ]
+    assert commands == [
+        "freeze('stem', 'layer1')",
+        "replace_head('fc', 4)",
+        "unfreeze('layer1', lr=0.003)",
+    ]
+    fresh, fresh_opt, fresh_sched = build_net()
+    torchmagic.resume(tmp_path / "after_clear.pt", fresh, fresh_opt, [fresh_sched])
+    assert_same(structure(model, opt), structure(fresh, fresh_opt))
