@@ -90,15 +90,15 @@ _DROP = object()  # a callable: rebuilt by the user's own construction, never st
 
 
 def plain(value: object, where: str) -> Any:
-    """``value`` as plain containers (what ``weights_only`` loads), callables dropped;
-    anything else is refused, naming ``where``."""
+    """``value`` as plain containers (what ``weights_only`` loads): callables left out (a
+    dict's entry dropped, a list's item None); anything else is refused, naming ``where``."""
     if isinstance(value, _SCALARS) or isinstance(value, torch.Tensor):
         return value
     if callable(value):
         return _DROP
     if isinstance(value, (list, tuple)):
         items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        items = [v for v in items if v is not _DROP]
+        items = [None if v is _DROP else v for v in items]  # positions kept (one per group)
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, Mapping):
         out = {}
