@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+import torchvision
 from torch import nn
 
 
@@ -82,3 +83,11 @@ def train(
         opt.step()
         opt.zero_grad()
         step_schedulers()
+
+
+def build_resnet18(seed: int = 0):
+    """The issue's case: resnet18(num_classes=10), AdamW, cosine — built as a notebook does."""
+    torch.manual_seed(seed)
+    model = torchvision.models.resnet18(num_classes=10)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)

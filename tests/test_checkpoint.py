@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
-from checkpoint_helpers import assert_same, batches, state, structure, train
+from checkpoint_helpers import assert_same, batches, build_resnet18, state, structure, train
 from snapshots import assert_same as assert_unchanged
 from snapshots import snapshot
 from torchmagic import TorchMagicError
@@ -149,13 +149,7 @@ def test_resnet18_adamw_cosine_notebook_commands(tmp_path):
     """The issue's case: freeze, a new head, unfreeze lr= — resumed under another variable
     name, continued bit for bit."""
 
-    def build():
-        torch.manual_seed(0)
-        m = torchvision.models.resnet18(num_classes=10)
-        o = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        return m, o, torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10)
-
-    net, opt, sched = build()
+    net, opt, sched = build_resnet18()
     tm = torchmagic.Session(namespace={"net": net, "opt": opt, "sched": sched})
     tm.freeze("net.layer1-3")
     tm.replace_head("net.fc", 5)
@@ -164,7 +158,7 @@ def test_resnet18_adamw_cosine_notebook_commands(tmp_path):
     tm.unfreeze("layer3", lr=1e-4)
     train(net, opt, data[:1], sched.step)
     tm.save(tmp_path / "r18.pt")
-    model, fresh_opt, fresh_sched = build()
+    model, fresh_opt, fresh_sched = build_resnet18(seed=1)
     torchmagic.resume(tmp_path / "r18.pt", model, fresh_opt, [fresh_sched])
     for m, o, s in ((net, opt, sched), (model, fresh_opt, fresh_sched)):
         train(m, o, data, s.step)

@@ -190,41 +190,43 @@ def _run_notebook_module():
 
 
 def test_saved_in_a_real_kernel_resumed_in_a_fresh_process(tmp_path, monkeypatch):
+    """The issue's resnet18 + AdamW + cosine (freeze, head, unfreeze lr=) with the magics
+    in a real Jupyter kernel; a fresh process resumes, and both train on identically."""
     src = str(Path(torchmagic.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", src)  # the kernel imports this tree's torchmagic
     ckpt, after_kernel, after_script = tmp_path / "nb.pt", tmp_path / "k.pt", tmp_path / "s.pt"
+    common = (
+        f"import sys, torch\nsys.path.insert(0, {str(HERE)!r})\n"
+        "torch.set_num_threads(1)  # the same arithmetic in both processes\n"
+        "from checkpoint_helpers import batches, build_resnet18, state, train\n"
+        "data = batches(2, (2, 3, 32, 32), 5)\n"
+    )
     cells = [
         "%load_ext torchmagic",
-        f"import sys, torch\nsys.path.insert(0, {str(HERE)!r})\n"
-        "from test_checkpoint import build_net, loader\n"
-        "from checkpoint_helpers import state, train\n"
-        "model, optimizer, scheduler = build_net()",
-        "%freeze model.stem model.layer1",
-        "%replace_head fc 4",
-        "train(model, optimizer, loader(), scheduler.step)",
-        "%unfreeze layer1 lr=3e-3",
-        "train(model, optimizer, loader(), scheduler.step)",
+        common + "model, optimizer, scheduler = build_resnet18()",
+        "%freeze model.layer1-3",
+        "%replace_head fc 5",
+        "train(model, optimizer, data, scheduler.step)",
+        "%unfreeze layer3 lr=1e-4",
+        "train(model, optimizer, data[:1], scheduler.step)",
         f"%tm save {ckpt}",
-        "train(model, optimizer, loader(), scheduler.step)\n"
+        "train(model, optimizer, data, scheduler.step)\n"
         f"torch.save(state(model, optimizer), {str(after_kernel)!r})",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbformat.write(nb, tmp_path / "save.ipynb")
     executed = _run_notebook_module().execute_notebook(tmp_path / "save.ipynb", echo=False)
     saved_output = executed.cells[7].outputs[0]["data"]
-    assert "text/html" in saved_output and "%unfreeze layer1 lr=3e-3" in saved_output["text/plain"]
+    assert "text/html" in saved_output and "%unfreeze layer3 lr=1e-4" in saved_output["text/plain"]
     script = tmp_path / "resume.py"
     script.write_text(
-        f"import sys, torch, torchmagic\nsys.path.insert(0, {str(HERE)!r})\n"
-        "from test_checkpoint import build_net, loader\n"
-        "from checkpoint_helpers import state, train\n"
-        "model, optimizer, scheduler = build_net(seed=11)\n"
+        common + "import torchmagic\n"
+        "model, optimizer, scheduler = build_resnet18(seed=11)\n"
         f"tm = torchmagic.resume({str(ckpt)!r}, model, optimizer, [scheduler])\n"
         "assert len(tm.history()) == 3\n"
-        "train(model, optimizer, loader(), scheduler.step)\n"
+        "train(model, optimizer, data, scheduler.step)\n"
         f"torch.save(state(model, optimizer), {str(after_script)!r})\n"
     )
-    src = str(Path(torchmagic.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300

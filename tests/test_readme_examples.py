@@ -101,7 +101,7 @@ model = torchvision.models.resnet18(weights=None)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
 """
-SETUP["torchmagic.resume(\"run.pt\", model, optimizer, schedulers=[scheduler])"] = SAVED
+SETUP['torchmagic.resume("run.pt", model, optimizer, schedulers=[scheduler])'] = SAVED
 SETUP["%tm load run.pt"] = SAVED
 
 # Examples that take over a few seconds on two CPU cores: marked slow (`make test-all`).
