@@ -49,8 +49,10 @@ def test_device_check_finds_an_unregistered_tensor(ip):
 
 def test_device_move_and_pinbench_without_cuda(ip, monkeypatch):
     no_cuda(monkeypatch)
-    ip.run_cell(SETUP + "from torch.utils.data import DataLoader, TensorDataset\n"
-                "loader = DataLoader(TensorDataset(torch.randn(8, 8)), batch_size=4)").raise_error()
+    ip.run_cell(
+        SETUP + "from torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 8)), batch_size=4)"
+    ).raise_error()
     assert "nothing to move" in shown(ip, "%device move")
     assert "no CUDA device" in shown(ip, "%device pinbench loader")
 

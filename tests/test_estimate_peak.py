@@ -73,9 +73,7 @@ def test_peak_terms_match_a_walk_of_a_real_step(foreach):
     assert peak.optimizer_temporaries == pytest.approx(measured["step"], rel=0.01)
     # the model of the peak: persistent + the largest phase
     persistent = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    persistent += sum(
-        v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
-    )
+    persistent += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
     assert peak.persistent == persistent
     assert peak.phases["backward"] == persistent + peak.input + backward
     assert peak.total == max(peak.phases.values()) and peak.phase == "backward"
@@ -115,9 +113,7 @@ def test_estimating_never_touches_the_model_or_the_rng():
     after = [*model.parameters(), *model.buffers()]
     assert all(torch.equal(a, b) for a, b in zip(weights, after, strict=True))
     assert all(p.grad is None and p.device.type == "cpu" for p in model.parameters())
-    assert all(
-        torch.equal(v, state[id(p)][k]) for p, s in opt.state.items() for k, v in s.items()
-    )
+    assert all(torch.equal(v, state[id(p)][k]) for p, s in opt.state.items() for k, v in s.items())
     assert torch.equal(rng, torch.get_rng_state())
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torchmagic import Session, render
+from torchmagic.core.checkpoint import ResumeReport, SaveReport
 from torchmagic.core.devices.batch_size import BatchPoint, BatchSizeReport
 from torchmagic.core.devices.compare import CompareReport, DeviceTiming
 from torchmagic.core.devices.device import DeviceInfo, DeviceReport, MoveReport
@@ -31,6 +32,7 @@ from torchmagic.core.devices.memory import CellMemory, MemoryReport, ResetReport
 from torchmagic.core.devices.pinbench import PinReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
 from torchmagic.core.diagnostics.doctor import DoctorReport, Finding
+from torchmagic.core.export import ExportReport
 from torchmagic.core.surgery.results import (
     Change,
     CommandHistory,
@@ -651,6 +653,31 @@ CASES: dict[str, Callable[[], object]] = {
     "lr_find_no_suggestion": lambda: _lr_find(None),
     "fit_history_progressive": _progressive,
     "fine_tune": _fine_tune,
+    "saved": lambda: SaveReport(
+        "run.pt",
+        134_217_728,
+        "model",
+        "ResNet",
+        "optimizer",
+        ("%freeze model.layer1-3", "%replace_head fc 5", "%unfreeze layer3 lr=1e-4"),
+        2,
+        ("CosineAnnealingLR",),
+        None,
+    ),
+    "resumed": lambda: ResumeReport(
+        "run.pt",
+        "model",
+        "ResNet",
+        "optimizer",
+        ("%freeze model.layer1-3", "%replace_head fc 5"),
+        1,
+        (),
+        "bf16",
+        "0.1.0",
+    ),
+    "exported": lambda: ExportReport(
+        "run.py", (("model", "ResNet"), ("optimizer", "AdamW"), ("train_loader", "batches")), 4
+    ),
 }
 
 

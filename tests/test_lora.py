@@ -425,3 +425,44 @@ def test_bert_embeddings_are_adapted_and_merged_back():
     assert type(model.bert.embeddings.word_embeddings) is nn.Embedding
     assert [n for n, _ in model.named_parameters()] == names
     assert torch.allclose(model(input_ids=ids).logits, trained, atol=1e-5)
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 2) -> None:
+    for _ in range(steps):
+        model(X).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["adapters", "merged"])
+def test_a_save_carries_the_adapters_and_resumes_bit_for_bit(tmp_path, merged):
+    import torchmagic
+
+    def built():
+        model = vit()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    model, opt = built()
+    tm = Session(model, opt)
+    tm.freeze("model", exclude=["head"])
+    tm.lora("blocks.*.attn.qkv", r=4, lr=2e-3)
+    _train(model, opt)
+    if merged:
+        tm.merge_lora()
+    tm.save(tmp_path / "run.pt")
+    saved = torch.load(tmp_path / "run.pt", weights_only=True)
+    assert [a["path"] for a in saved["model"]["adapters"]] == (
+        [] if merged else ["blocks.0.attn.qkv", "blocks.1.attn.qkv"]
+    )
+    fresh, fresh_opt = built()
+    torchmagic.resume(tmp_path / "run.pt", fresh, fresh_opt)
+    assert [n for n, _ in fresh.named_parameters()] == [n for n, _ in model.named_parameters()]
+    _train(model, opt)
+    _train(fresh, fresh_opt)
+    live = dict(model.named_parameters())
+    for name, p in fresh.named_parameters():
+        assert p.requires_grad == live[name].requires_grad, name
+        assert torch.equal(p, live[name]), name
+    assert [g.get("name") for g in fresh_opt.param_groups] == [
+        g.get("name") for g in opt.param_groups
+    ]

@@ -104,6 +104,18 @@ other = torchvision.models.resnet18(weights=None)
 """,
 }
 
+# A file %tm save wrote in the notebook (the examples run in a temporary folder).
+SAVED = """
+_tm = torchmagic.Session(model, optimizer, schedulers=[scheduler])
+_tm.freeze("layer1-3"); _tm.replace_head("fc", 10)
+_tm.save("run.pt")
+model = torchvision.models.resnet18(weights=None)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+"""
+SETUP['torchmagic.resume("run.pt", model, optimizer, schedulers=[scheduler])'] = SAVED
+SETUP["%tm load run.pt"] = SAVED
+
 # Examples that take over a few seconds on two CPU cores: marked slow (`make test-all`).
 SLOW = {
     # Two lr range tests of up to 100 AdamW steps of resnet18 each (about 20 s).
@@ -276,6 +288,12 @@ def skipped(example: Example) -> str | None:
 def param(block: Block) -> object:
     slow = any(fragment in block.code for fragment in SLOW)
     return pytest.param(block, id=block.id, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    """Examples write files (``%tm save run.pt``): never into the repository."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.mark.parametrize("block", [param(b) for b in BLOCKS if not b.config_file])

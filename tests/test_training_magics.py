@@ -151,7 +151,9 @@ def test_notebook_session_offers_autocast_and_step(ip):
     run(ip, SETUP)
     with capture_output():
         run(ip, "%amp on bf16")
-    run(ip, """
+    run(
+        ip,
+        """
 import torchmagic
 tm = torchmagic.notebook_session()
 before = model[2].weight.detach().clone()
@@ -159,7 +161,8 @@ with tm.autocast():
     out = model(x[:8])
     loss = torch.nn.functional.cross_entropy(out, y[:8])
 stepped = tm.step(loss, optimizer)
-""")
+""",
+    )
     ns = ip.user_ns
     assert ns["out"].dtype is torch.bfloat16 and ns["stepped"]
     assert not torch.equal(ns["before"], ns["model"][2].weight)

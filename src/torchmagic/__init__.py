@@ -16,6 +16,7 @@ from .core import (
     SessionConfig,
     SummaryReport,
     TorchMagicError,
+    resume,
     rewrap,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "__version__",
     "load_ipython_extension",
     "notebook_session",
+    "resume",
     "rewrap",
     "unload_ipython_extension",
 ]

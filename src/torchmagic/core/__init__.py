@@ -1,8 +1,10 @@
 """The engine: plain Python + torch, no IPython, no rich. Also the public scripting API."""
 
+from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
-from .session import Session, SessionConfig
+from .export import ExportReport
+from .session import Session, SessionConfig, resume
 from .surgery.results import (
     Change,
     Counts,
@@ -17,12 +19,16 @@ __all__ = [
     "Change",
     "Counts",
     "Effect",
+    "ExportReport",
     "GroupInfo",
     "HistoryEntry",
+    "ResumeReport",
+    "SaveReport",
     "Session",
     "SessionConfig",
     "SummaryReport",
     "SummaryRow",
     "TorchMagicError",
+    "resume",
     "rewrap",
 ]

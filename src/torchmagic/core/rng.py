@@ -48,3 +48,35 @@ def _mps_state() -> torch.Tensor | None:
     if mps is None or not mps.is_available():
         return None
     return torch.mps.get_rng_state()
+
+
+def capture_rng() -> dict:
+    """Every global generator's state as plain values (tensors, numbers, strings), for a
+    checkpoint that ``torch.load(weights_only=True)`` reads: torch's CPU and, when CUDA is
+    initialised, every GPU's; Python's; NumPy's when it is imported."""
+    version, internal, gauss = random.getstate()
+    state: dict = {
+        "torch": torch.get_rng_state(),
+        "python": (version, torch.tensor(internal, dtype=torch.int64), gauss),
+    }
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Put back what :func:`capture_rng` captured (GPU states when as many GPUs are here)."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in state:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

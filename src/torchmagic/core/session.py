@@ -18,12 +18,14 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import (
     Callable,
     Container,
     Iterable,
     Iterator,
+    Mapping,
     MutableMapping,
     Sequence,
     Sized,
@@ -34,7 +36,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from . import distributed
+from . import checkpoint, distributed
+from .checkpoint import ResumeReport, SaveReport
 from .devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from .devices.compare import CompareReport, compare
 from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
@@ -49,14 +52,17 @@ from .devices.placement import CheckReport, find_misplaced
 from .diagnostics.compiled import CompileWatch
 from .diagnostics.doctor import DoctorReport, diagnose
 from .errors import TorchMagicError
+from .export import ExportReport, python_call
+from .export import script as write_script
+from .export import write as write_text
 from .modules import unwrap
 from .surgery import edits, heads, lora, model_checks, scheduler_sync
 from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
-from .surgery.grammar import LrSpec, check_positive, parse_targets, spread_lrs
-from .surgery.history import REBOUND, Cleared, History, Record
-from .surgery.results import Change, Counts, Effect, HistoryEntry, SummaryReport
+from .surgery.grammar import LrSpec, Target, check_positive, parse_targets, spread_lrs
+from .surgery.history import REBOUND, REPLAYED, Cleared, History, Record
+from .surgery.results import Change, Counts, Effect, HistoryEntry, Replay, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
 from .surgery.transaction import Transaction, uninterrupted
@@ -139,6 +145,8 @@ class Session:
             weakref.WeakKeyDictionary()
         )
         self._phase_schedulers: tuple[object, ...] = ()  # fine_tune's one-cycle, while it runs
+        # each fit as a call, for export: (model, newest command before, after it, call)
+        self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module], int, int, Replay]] = []
 
     # -- resolving -------------------------------------------------------------------
 
@@ -213,6 +221,17 @@ class Session:
             raise TorchMagicError(f"no variable named '{value}' for {param}", param=param)
         return self.workspace.namespace[value]
 
+    def _replay(
+        self, method: str, targets: Sequence[str], exclude: Sequence[str], **options: object
+    ) -> Replay:
+        """``method``'s call with its targets relative to the model they name, so that it
+        replays on the same model under any variable name."""
+        name, _, relative = self.workspace.split_root(parse_targets(targets))
+        excluded = [self.workspace.relative_to(name, t) for t in parse_targets(exclude)]
+        if excluded:
+            options["exclude"] = tuple(_relative_text(t) for t in excluded)
+        return Replay(method, tuple(_relative_text(t) for t in relative), _options(**options))
+
     # -- running ---------------------------------------------------------------------
 
     def _run(
@@ -222,9 +241,11 @@ class Session:
         target: edits.BoundModel,
         dry_run: bool,
         step: Callable[[Transaction], Effect],
+        replay: Replay | None = None,
     ) -> Change:
         """Run ``step`` as one atomic command: applied and in the history, or not at all
-        (also under Ctrl-C, which waits until the end)."""
+        (also under Ctrl-C, which waits until the end). ``replay``: the call that makes
+        it again on a freshly built model (what a checkpoint keeps)."""
         self.prune_history()
         notes = distributed.check_surgery(action, target.model, self.workspace.items())
 
@@ -248,14 +269,18 @@ class Session:
                 unchanged=edits.fingerprint(target) == state_before,
             )
 
-        change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run))
+        change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run, replay))
         if dropped:
             notes = (*change.effect.notes, self._dropped(dropped))
             change = replace(change, effect=replace(change.effect, notes=notes))
         return change
 
     def _atomically(
-        self, target: edits.BoundModel, apply: Callable[[Transaction], Change], dry_run: bool
+        self,
+        target: edits.BoundModel,
+        apply: Callable[[Transaction], Change],
+        dry_run: bool,
+        replay: Replay | None = None,
     ) -> tuple[Change, int]:
         """``apply`` in a transaction, then recorded (the commit point) and settled; or
         rolled back. Returns the change and how many old records the history dropped."""
@@ -272,6 +297,7 @@ class Session:
                 tx,
                 self.config.history_limit,
                 self.config.history_bytes,
+                replay,
             )
             self._settle(target, tx)
             return change, dropped
@@ -319,6 +345,7 @@ class Session:
             target,
             dry_run,
             lambda tx: edits.freeze(target, selection, policy, tx),
+            self._replay("freeze", targets, exclude, bn=policy),
         )
 
     def unfreeze(
@@ -348,6 +375,13 @@ class Session:
             dry_run,
             lambda tx: edits.unfreeze(
                 target, selection, lrs, weight_decay, self.config.unfreeze_lr_ratio, tx
+            ),
+            self._replay(
+                "unfreeze",
+                targets,
+                exclude,
+                lr=lr_spec,
+                wd=weight_decay,
             ),
         )
 
@@ -390,6 +424,15 @@ class Session:
             lambda tx: edits.replace_head(
                 target, root, root_name, num_classes, dropout, tx, labels
             ),
+            Replay(
+                "replace_head",
+                (root_name,),
+                _options(
+                    num_classes=num_classes,
+                    dropout=dropout,
+                    labels=None if labels is None else tuple(labels),
+                ),
+            ),
         )
 
     def lora(
@@ -418,6 +461,7 @@ class Session:
             target,
             dry_run,
             lambda tx: lora.add(target, selection, r, alpha, dropout, lr, tx),
+            self._replay("lora", targets, (), r=r, alpha=alpha, dropout=dropout, lr=lr),
         )
 
     def merge_lora(
@@ -438,6 +482,7 @@ class Session:
             target,
             dry_run,
             lambda tx: lora.merge(target, tx),
+            Replay("merge_lora", (), ()),
         )
 
     def lora_off(self, model: str | None = None, *, command: str | None = None) -> Change:
@@ -456,7 +501,14 @@ class Session:
     def _lora_switch(self, model: str | None, on: bool, command: str) -> Change:
         target = self._lora_target(model, None)
         action = "lora_on" if on else "lora_off"
-        return self._run(action, command, target, False, lambda tx: lora.switch(target, on, tx))
+        return self._run(
+            action,
+            command,
+            target,
+            False,
+            lambda tx: lora.switch(target, on, tx),
+            Replay(action, (), ()),
+        )
 
     def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
         """A bounded table of the model (or a sub-tree) with trainable state and groups."""
@@ -516,6 +568,11 @@ class Session:
         live optimizer inconsistent."""
         command = record.change.command
         fix = "make the opposite change instead, or clear the history"
+        if record.stale == REPLAYED:
+            raise TorchMagicError(
+                f"cannot undo {command}: it was replayed from a checkpoint, and resumed "
+                "commands cannot be undone"
+            )
         if record.tx is None:
             raise TorchMagicError(
                 f"cannot undo {command}: the optimizer it edited, "
@@ -634,6 +691,149 @@ class Session:
             fits=self.fits,
             pinbench=self.last_pinbench,
         )
+
+    # -- leaving the kernel ----------------------------------------------------------
+
+    def save(self, path: str | os.PathLike, model: str | None = None) -> SaveReport:
+        """Write what a fresh process needs to continue training the (current) model bit
+        for bit: weights, optimizer state and param groups by parameter name, scheduler,
+        GradScaler and RNG states, the AMP policy and the commands that made the structure
+        (see ``core.checkpoint``). Atomic: ``path`` is never left half written."""
+        target = self.bound(model)
+        payload = checkpoint.capture(
+            target,
+            self._history.applied(target.model),
+            self.amp,
+            python_call,
+            _version(),
+        )
+        nbytes = checkpoint.write(payload, path)
+        return checkpoint.summarize_save(payload, os.fspath(path), nbytes)
+
+    def load(
+        self,
+        path: str | os.PathLike,
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> ResumeReport:
+        """Continue from a :meth:`save` file on the (current) model, built the way the
+        notebook first built it (with its optimizer and schedulers): the saved commands
+        are replayed through this session's own edits (they join its history; they cannot
+        be undone), then every state is loaded by name. Anything that does not match (the
+        architecture, a head, the optimizer's class, the schedulers, the file itself) is
+        refused before anything changes. ``scaler``: your own GradScaler to load into."""
+        where = os.fspath(path)
+        payload = checkpoint.read(where)
+        target = self.bound(model, optimizer)
+        device_type = self.model_device(target.model).type
+        calls = list(checkpoint.replays(payload))
+        already = len(self._history.applied(target.model))
+        checkpoint.check_fresh(payload, where, target, device_type, already)
+        replayed = 0
+        try:
+            for command, call in calls:
+                self._replay_call(target, call, command)
+                replayed += 1
+            checkpoint.check_replayed(payload, where, target)
+        except BaseException as exc:  # a refusal, a bug or Ctrl-C: the replay is undone
+            for _ in range(replayed):
+                self.undo()
+            if not isinstance(exc, TorchMagicError) or str(exc).startswith("cannot resume"):
+                raise
+            raise TorchMagicError(
+                f"cannot resume from '{where}': replaying {calls[replayed][0]} failed: {exc}; "
+                "nothing was changed"
+            ) from None
+        self._history.seal_replayed(replayed)
+        checkpoint.load_states(payload, target)
+        checkpoint.load_precision(payload, self.amp, device_type, scaler)
+        checkpoint.load_rng(payload)
+        self.workspace.current = target.model_name
+        return checkpoint.summarize_resume(payload, where, target)
+
+    def _replay_call(self, target: edits.BoundModel, call: Replay, command: str) -> None:
+        """One saved command, on ``target`` whatever its variable is called."""
+        name, opt = target.model_name, target.optimizer_name
+        options = call.kwargs()
+
+        def on_model(paths: Sequence[str]) -> list[str]:
+            return [f"{name}.{p}" if p else name for p in paths] or [name]
+
+        if call.method == "set_base_lrs":
+            lrs = dict(options["lrs"])
+            self.set_base_lrs(lrs, model=name, optimizer=opt, command=command)
+        elif call.method == "lora":
+            self.lora(*on_model(call.targets), optimizer=opt, command=command, **options)
+        elif call.method == "merge_lora":
+            self.merge_lora(name, optimizer=opt, command=command)
+        elif call.method in ("lora_off", "lora_on"):
+            getattr(self, call.method)(name, command=command)
+        elif call.method == "replace_head":
+            root = call.targets[0] if call.targets else ""
+            labels = options.get("labels")
+            self.replace_head(
+                f"{name}.{root}" if root else name,
+                options["num_classes"],
+                dropout=options.get("dropout"),
+                labels=None if labels is None else list(labels),
+                optimizer=opt,
+                command=command,
+            )
+        else:
+            exclude = [f"{name}.{p}" for p in options.pop("exclude", ())]
+            method = self.freeze if call.method == "freeze" else self.unfreeze
+            method(
+                *on_model(call.targets), exclude=exclude, optimizer=opt, command=command, **options
+            )
+
+    def export(self, path: str | os.PathLike, model: str | None = None) -> ExportReport:
+        """Write the (current) model's commands as a Python script of Session calls, fits
+        included, with a header naming the variables it expects (see ``core.export``)."""
+        target = self.bound(model, reading=True)
+        fits = [f for f in self._fit_calls if f[0]() is target.model]
+        made_by_fits = {
+            e.index
+            for e in self._history.applied(target.model)
+            for _, before, after, _ in fits
+            if before < e.index <= after
+        }
+        steps: list[tuple[tuple[int, int], str, str]] = [
+            ((e.index, 0), python_call(e.replay), e.command)
+            for e in self._history.applied(target.model)
+            if e.replay is not None and e.index not in made_by_fits
+        ]
+        loaders: dict[str, str] = {}
+        for _, before, _, call in fits:
+            names = {k: str(v) for k, v in call.options if k in ("train", "val")}
+            loaders.update({v: f"batches for tm.fit ({k})" for k, v in names.items()})
+            steps.append(((before, 1), python_call(call, names), ""))
+        steps.sort(key=lambda s: s[0])
+        variables = [(target.model_name, type(target.model).__name__)]
+        session_args = [target.model_name]
+        if target.optimizer is not None:
+            variables.append(
+                (target.optimizer_name or "optimizer", type(target.optimizer).__name__)
+            )
+            session_args.append(target.optimizer_name or "optimizer")
+        scheduler_names = [
+            (self._name_of(s, f"scheduler{i}"), type(s).__name__)
+            for i, s in enumerate(scheduler_sync.roots(target.schedulers))
+        ]
+        variables += scheduler_names
+        if scheduler_names:
+            session_args.append(f"schedulers=[{', '.join(n for n, _ in scheduler_names)}]")
+        variables += list(loaders.items())
+        text = write_script(
+            variables,
+            f"tm = torchmagic.Session({', '.join(session_args)})",
+            [(call, command) for _, call, command in steps],
+            _version(),
+            target.model_name,
+        )
+        write_text(text, path)
+        return ExportReport(os.fspath(path), tuple(variables), len(steps))
 
     # -- devices and memory ----------------------------------------------------------
 
@@ -971,10 +1171,43 @@ class Session:
             check_pacing(Pacing(monitor=monitor), plan.val is not None, cache_features)
         if observer is not None:
             plan.observer = observer
+        before = self._newest_command(target.model)
         history = run_fit(plan)
         self.fits.append(history)
         self.workspace.current = target.model_name
+        call = Replay(
+            "fit",
+            (),
+            _options(
+                train=self._name_of(train, "train_loader"),
+                val=None if val is None else self._name_of(val, "val_loader"),
+                epochs=epochs,
+                max_steps=max_steps,
+                loss=loss if isinstance(loss, str) and loss != "cross_entropy" else None,
+                cache_features=cache_features or None,
+                sched_step=sched_step,
+                unfreeze=tuple(blocks) or None,
+                every=every,
+                patience=patience,
+                lr_ratio=lr_ratio if plan.pacing is not None and lr_ratio != 0.3 else None,
+                monitor=None if monitor == "loss" else monitor,
+                early_stop=early_stop or None,
+                keep_best=keep_best or None,
+            ),
+        )
+        after = self._newest_command(target.model)
+        self._fit_calls.append((weakref.ref(target.model), before, after, call))
         return history
+
+    def _newest_command(self, model: nn.Module) -> int:
+        applied = self._history.applied(model)
+        return applied[-1].index if applied else 0
+
+    def _name_of(self, value: object, default: str) -> str:
+        """The variable ``value`` is bound to (itself when it is a name), else ``default``."""
+        if isinstance(value, str):
+            return value
+        return next((n for n, v in self.workspace.items() if v is value), default)
 
     def _head_base_lr(self, target: edits.BoundModel) -> float:
         """The base lr of the group training the head (now)."""
@@ -1056,15 +1289,36 @@ class Session:
             for i, (b, r) in enumerate(zip(bases, result.ratios, strict=True))
             if b > 0
         }
-        change = self._run(
-            "set_lr",
-            f"lr_find apply: base lr {suggestion:.3g} for {result.reference_name}, "
+        change = self.set_base_lrs(
+            new,
+            model=target.model_name,
+            optimizer=optimizer,
+            command=f"lr_find apply: base lr {suggestion:.3g} for {result.reference_name}, "
             "others in proportion",
-            target,
-            False,
-            lambda tx: set_base_lrs(target, new, tx),
         )
         return replace(result, applied=change)
+
+    def set_base_lrs(
+        self,
+        lrs: Mapping[int, float],
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        command: str | None = None,
+    ) -> Change:
+        """Set the base lr of param groups by index (``{0: 1e-3, 2: 1e-4}``), every
+        scheduler kept in step, as one undoable command (what ``lr_find(apply=True)``
+        does with its suggestion)."""
+        target = self.bound(model, optimizer)
+        lrs = dict(lrs)
+        return self._run(
+            "set_lr",
+            command or _call("set_base_lrs", lrs),
+            target,
+            False,
+            lambda tx: set_base_lrs(target, lrs, tx),
+            Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
+        )
 
     def fine_tune(
         self,
@@ -1214,3 +1468,38 @@ def _call(action: str, *args: object, **kwargs: object) -> str:
     parts = [repr(a) for a in args]
     parts += [f"{key}={value!r}" for key, value in kwargs.items() if value is not None]
     return f"{action}({', '.join(parts)})"
+
+
+def _options(**options: object) -> tuple[tuple[str, object], ...]:
+    """Keyword arguments of a replay, those left at None dropped."""
+    return tuple((k, v) for k, v in options.items() if v is not None)
+
+
+def _relative_text(target: Target) -> str:
+    """A target relative to its model, as text the grammar parses again ("" : the model)."""
+    if target.glob is not None:
+        return target.glob
+    return ".".join(segment.text for segment in target.segments)
+
+
+def _version() -> str:
+    from .. import __version__  # the package root; imported late (it imports this module)
+
+    return __version__
+
+
+def resume(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    schedulers: Sequence[object] = (),
+    scaler: torch.amp.GradScaler | None = None,
+) -> Session:
+    """A Session over ``model`` and ``optimizer`` (built the way the notebook first built
+    them, e.g. ``resnet18(num_classes=10)``, ``AdamW(model.parameters())``) and its
+    ``schedulers``, continued from the :meth:`Session.save` file at ``path``: the saved
+    commands replayed, every state loaded by name. Refused in one line, with nothing
+    changed, when anything does not match."""
+    session = Session(model, optimizer, schedulers=schedulers)
+    session.load(path, scaler=scaler)
+    return session

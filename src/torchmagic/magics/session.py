@@ -1,4 +1,5 @@
-"""``%tm``: the session itself — history, undo, the current model, fits, doctor, help."""
+"""``%tm``: the session itself — history, undo, the current model, fits, doctor, save,
+load, export, help."""
 
 from __future__ import annotations
 
@@ -44,6 +45,15 @@ class SessionMagics(TopicMagics):
     def _doctor(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.render(self.session.doctor(), self.width)
 
+    def _save(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.render(self.session.save(words[0]), self.width)
+
+    def _load(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.render(self.session.load(words[0]), self.width)
+
+    def _export(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
+        return render.render(self.session.export(words[0]), self.width)
+
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.render(render.ManifestHelp(load_manifest()), self.width)
 
@@ -51,8 +61,9 @@ class SessionMagics(TopicMagics):
     @argument(
         "words",
         nargs="*",
-        metavar="history|undo|clear|use NAME|fits|doctor|help",
-        help="history | undo | clear | use NAME | fits | doctor | help",
+        metavar="history|undo|clear|use NAME|fits|doctor|save PATH|load PATH|export PATH.py|help",
+        help="history | undo | clear | use NAME | fits | doctor | save PATH | load PATH | "
+        "export PATH.py | help",
     )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
@@ -61,6 +72,23 @@ class SessionMagics(TopicMagics):
         Subcommand("use", _use, "make NAME the current model", words="NAME", arity=(1, 1)),
         Subcommand("fits", _fits, "every %fit run side by side"),
         Subcommand("doctor", _doctor, "the classic transfer-learning mistakes, with fixes"),
+        Subcommand(
+            "save", _save, "write the training state to one file", words="PATH", arity=(1, 1)
+        ),
+        Subcommand(
+            "load",
+            _load,
+            "continue from a saved file on a freshly built model",
+            words="PATH",
+            arity=(1, 1),
+        ),
+        Subcommand(
+            "export",
+            _export,
+            "write the commands as a Python script",
+            words="PATH.py",
+            arity=(1, 1),
+        ),
         Subcommand("help", _help, "every magic with its usage and an example"),
     )
     @line_magic
@@ -68,7 +96,8 @@ class SessionMagics(TopicMagics):
         """Session commands: list the mutating commands, undo the last one, clear the
         history, pick the
         current model, compare every %fit run side by side, diagnose the classic
-        transfer-learning mistakes, show this table."""
+        transfer-learning mistakes, save / load the training state, export the commands
+        as a script, show this table."""
         args = parse(self.tm, line)
         with self.interrupts(f"%tm {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.tm, args.words, args))

@@ -5,7 +5,14 @@ from __future__ import annotations
 from ..core.advice import Call
 
 # Session methods whose magic is not ``%method``.
-_MAGICS = {"move": "%device move", "undo": "%tm undo", "amp_on": "%amp on", "use": "%tm use"}
+_MAGICS = {
+    "move": "%device move",
+    "undo": "%tm undo",
+    "amp_on": "%amp on",
+    "load": "%tm load",
+    "save": "%tm save",
+    "use": "%tm use",
+}
 
 
 def magic_line(call: Call) -> str:

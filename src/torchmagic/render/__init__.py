@@ -12,6 +12,7 @@ from functools import singledispatch
 from rich.console import Group
 from rich.text import Text
 
+from ..core.checkpoint import ResumeReport, SaveReport
 from ..core.devices.batch_size import BatchSizeReport
 from ..core.devices.compare import CompareReport
 from ..core.devices.device import DeviceReport, MoveReport
@@ -20,6 +21,7 @@ from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport
 from ..core.diagnostics.doctor import DoctorReport
+from ..core.export import ExportReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit import FitHistory
@@ -28,6 +30,7 @@ from ..core.training.recipe import HEAD_PHASE, UNFROZEN_PHASE, FineTuneResult, O
 from ..core.zoo import LoadedModel
 from . import (
     chart,
+    checkpoint,
     compare,
     device,
     doctor,
@@ -111,6 +114,9 @@ for _type, _draw in (
     (DoctorReport, doctor.doctor),
     (LrFindResult, lr_find.lr_find),
     (FineTuneResult, _fine_tune),
+    (SaveReport, checkpoint.saved),
+    (ResumeReport, checkpoint.resumed),
+    (ExportReport, checkpoint.exported),
 ):
     render.register(_type, _draw)
 

@@ -10,7 +10,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
-from ..core.surgery.history import REBOUND
+from ..core.surgery.history import REBOUND, REPLAYED
 from . import theme
 from .base import Rendered, human, human_bytes, lr, table
 
@@ -282,6 +282,11 @@ def _undone(commands: Sequence[str]) -> str:
     return f"{len(commands)} undone: {_names(commands, shown=3)}"
 
 
+def _why_not_live(stale: str) -> str:
+    """A resumed command is applied (just not undoable); the others are stale."""
+    return stale if stale == REPLAYED else f"stale: {stale or REBOUND}"
+
+
 def history(
     entries: Sequence[HistoryEntry], width: int | None = None, undone: Sequence[str] = ()
 ) -> Rendered:
@@ -300,7 +305,7 @@ def history(
             e.command,
             e.model_name,
             _names(e.modules),
-            "" if e.live else Text(f"stale: {e.stale or REBOUND}", style=theme.style("dim")),
+            "" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
         )
     if undone:
         return Rendered(Group(drawn, Text(_undone(undone), style=theme.style("dim"))), width)

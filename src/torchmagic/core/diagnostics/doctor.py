@@ -219,6 +219,40 @@ def _frozen_in_optimizer(name: str, model: nn.Module, opts: list) -> Iterator[Fi
             )
 
 
+def _state_shapes(name: str, model: nn.Module, opts: list) -> Iterator[Finding]:
+    """Optimizer state of another shape than its parameter: an ``optimizer.state_dict()``
+    loaded by hand into an optimizer whose groups are in another order (state goes by
+    position) put one parameter's moments on another; the next step crashes or, where
+    the shapes happen to agree, trains with the wrong state."""
+    names = parameter_names(model)
+    for opt_name, opt in opts:
+        wrong = [
+            names[id(p)]
+            for p in optimizer_params(opt)
+            if id(p) in names
+            and any(
+                isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != p.shape
+                for v in opt.state.get(p, {}).values()
+            )
+        ]
+        if wrong:
+            yield Finding(
+                "state-shape",
+                "error",
+                f"{name}: {_names(wrong)}",
+                f"{len(wrong)} tensor(s) in {opt_name} hold optimizer state of another shape "
+                "(a state_dict loaded by position into other param groups): the next step "
+                "fails or trains with another parameter's state",
+                (
+                    "save where it trained with ",
+                    Call("save", ("PATH",)),
+                    f" and continue with torchmagic.resume(PATH, {name}, {opt_name}) (here: ",
+                    Call("load", ("PATH",)),
+                    f" on a fresh {name} and {opt_name}): states go by parameter name",
+                ),
+            )
+
+
 # -- 3: BatchNorm --------------------------------------------------------------------
 
 
@@ -788,6 +822,7 @@ def diagnose(
             trained[name] = model
             findings += _unoptimized(name, model, opts, orphans)
             findings += _frozen_in_optimizer(name, model, opts)
+            findings += _state_shapes(name, model, opts)
             if device is not None:
                 findings += _off_session_device(name, model, device)
         findings += _bn_drift(name, model)

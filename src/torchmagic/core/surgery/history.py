@@ -4,6 +4,9 @@ Records hold their model and optimizer weakly. A record whose model is no longer
 its variable, or whose optimizer was re-created, is *released*: its undo log goes (so it
 keeps no old model, optimizer or state alive) and its entry stays listed as stale. The log
 is capped in entries and bytes: the oldest records go first; the newest always stays.
+
+Apart from the undo log, the history keeps every command that still applies (all but
+those undone), however old: a checkpoint replays them on a freshly built model.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
-from .results import Change, HistoryEntry
+from .results import Change, HistoryEntry, Replay
 from .transaction import Transaction
 
 REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
+REPLAYED = "replayed from a checkpoint"  # a resumed command: listed, never undone
 
 
 @dataclass
@@ -31,6 +35,7 @@ class Record:
     optimizer: weakref.ReferenceType[torch.optim.Optimizer] | None
     tx: Transaction | None  # None once released: listed, never undone
     stale: str = ""  # why it was released
+    replay: Replay | None = None  # the call that makes the command again
 
 
 class Cleared(NamedTuple):
@@ -45,6 +50,7 @@ class History:
         self._records: list[Record] = []
         self._next = 1
         self.undone: list[str] = []  # commands reverted by undo, oldest first
+        self._applied: list[Record] = []  # every command not undone, past limits and clear
 
     def push(
         self,
@@ -54,6 +60,7 @@ class History:
         tx: Transaction,
         max_entries: int,
         max_bytes: int,
+        replay: Replay | None = None,
     ) -> int:
         """Record a committed command; undoing it (reverting ``tx``) also removes the
         record. Appending is the commit point: a record in the history is a command
@@ -65,12 +72,17 @@ class History:
             weakref.ref(model),
             None if optimizer is None else weakref.ref(optimizer),
             tx,
+            replay=replay,
         )
         tx.add(lambda: self._discard(record))
         self._next += 1
+        self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
         drop = self._overflow(max_entries, max_bytes)
+        dropped = self._records[:drop]
         del self._records[:drop]
+        for old in dropped:
+            old.tx = None  # its undo log goes; the command stays applied
         return drop
 
     def _overflow(self, max_entries: int, max_bytes: int) -> int:
@@ -85,6 +97,7 @@ class History:
     def _discard(self, record: Record) -> None:
         """Undo's last step: the record leaves the history, its command joins ``undone``
         (idempotent: an interrupted undo runs it again)."""
+        self._applied = [r for r in self._applied if r is not record]
         if any(r is record for r in self._records):
             self._records = [r for r in self._records if r is not record]
             self.undone.append(record.change.command)
@@ -100,18 +113,18 @@ class History:
                 record.tx, record.stale = None, reason
 
     def entries(self) -> tuple[HistoryEntry, ...]:
-        return tuple(
-            HistoryEntry(
-                index=r.index,
-                command=r.change.command,
-                action=r.change.action,
-                model_name=r.change.model_name,
-                modules=r.change.effect.modules,
-                live=r.tx is not None,
-                stale=r.stale,
-            )
-            for r in self._records
-        )
+        return tuple(_entry(r) for r in self._records)
+
+    def applied(self, model: nn.Module) -> tuple[HistoryEntry, ...]:
+        """The commands that made ``model`` what it is now, oldest first: every one not
+        undone, also those past the limits or cleared from the undo history."""
+        return tuple(_entry(r) for r in self._applied if r.model() is model)
+
+    def seal_replayed(self, count: int) -> None:
+        """The newest ``count`` records were replayed from a checkpoint: they stay listed
+        and applied, but cannot be undone (their undo logs hold a fresh model's state)."""
+        for record in self._records[len(self._records) - count :] if count else ():
+            record.tx, record.stale = None, REPLAYED
 
     def newest(self) -> Record:
         """The newest record whose model is still bound (it may be stale for another
@@ -133,5 +146,20 @@ class History:
 
     def clear(self) -> Cleared:
         cleared = Cleared(len(self._records), self.nbytes())
+        for record in self._records:
+            record.tx = None
         self._records = []
         return cleared
+
+
+def _entry(record: Record) -> HistoryEntry:
+    return HistoryEntry(
+        index=record.index,
+        command=record.change.command,
+        action=record.change.action,
+        model_name=record.change.model_name,
+        modules=record.change.effect.modules,
+        live=record.tx is not None,
+        stale=record.stale,
+        replay=record.replay,
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,20 @@ class SummaryReport:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """A command as the Session call that makes it again on a model built the same way:
+    the method, its targets relative to the model ("" is the whole model) and its
+    keyword arguments, all plain values (what a checkpoint stores and an export spells)."""
+
+    method: str  # freeze, unfreeze, replace_head, set_base_lrs (fit: exports only)
+    targets: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     index: int
     command: str
@@ -118,7 +133,8 @@ class HistoryEntry:
     model_name: str
     modules: tuple[str, ...]
     live: bool  # False once it cannot be undone any more (``stale`` says why)
-    stale: str = ""  # "model rebound", "optimizer re-created"
+    stale: str = ""  # "model rebound", "optimizer re-created", "replayed from a checkpoint"
+    replay: Replay | None = None  # how to make it again (None: it cannot be replayed)
 
 
 @dataclass(frozen=True)
