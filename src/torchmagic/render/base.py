@@ -336,9 +336,12 @@ def _html_line(line: Sequence[Segment], words: bool = False) -> str:
 def _html_table(console: Console, table: Table) -> str:
     """``table`` as an HTML table: its title the caption, its header bold over a rule,
     its columns apart by thin rules. A column that does not wrap keeps each cell on one
-    line (indents kept); one that wraps breaks only at spaces (each word kept whole)."""
+    line (indents kept); one that wraps breaks only at spaces (each word kept whole).
+    The header of a key column (one no width hides) carries ``data-tm-key``: what
+    ``tools/ui_check.py`` finds inside the visible output."""
     columns = table.columns
     last = len(columns) - 1
+    hidden = set(table.hide) if isinstance(table, HouseTable) else set()
 
     def style(index: int, column: Column, head: bool) -> str:
         justify = column.justify if column.justify in ("left", "right", "center") else "left"
@@ -353,7 +356,8 @@ def _html_table(console: Console, table: Table) -> str:
     head = ""
     if table.show_header:
         heads = "".join(
-            f'<th style="{style(i, c, True)};font-weight:bold;border-bottom:{_RULE}">'
+            f'<th{"" if i in hidden else " data-tm-key"} '
+            f'style="{style(i, c, True)};font-weight:bold;border-bottom:{_RULE}">'
             f"{_html_cell(console, c.header, whole=True)}</th>"
             for i, c in enumerate(columns)
         )
