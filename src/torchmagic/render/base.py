@@ -137,10 +137,9 @@ class Rendered:
         types = wanted(include, exclude)
         if not types:
             return {}
-        lines = self.lines()
         bundle = {}
         if "text/plain" in types:
-            bundle["text/plain"] = _text(lines)
+            bundle["text/plain"] = _text(self.lines())
         if "text/html" in types:
             bundle["text/html"] = self.html()
         return bundle
