@@ -30,21 +30,23 @@ def _rendered(case: str, width: int) -> render.Rendered:
 
 def _wrapped_rows(rendered: render.Rendered) -> list[str]:
     """Each table column of ``rendered`` drawn narrower than a body cell of it, where the
-    column is not prose: a row whose names or numbers wrap."""
+    column is not prose, while the table still shows a column it could hide: a row that
+    wraps before the table did what it can."""
     console = rendered.console()
     unbounded = console.options.update(width=UNLIMITED, no_wrap=False, height=None)
+    tables = [p for p in base._parts(rendered.renderable) if isinstance(p, Table)]
+    drawn_tables = [(p, w) for p, w in rendered.drawn(console) if isinstance(p, Table)]
     wrapped = []
-    for part, width in rendered.drawn(console):
-        if not isinstance(part, Table):
-            continue
+    for table, (part, width) in zip(tables, drawn_tables, strict=True):
+        hideable = len(table.hide) if isinstance(table, base.HouseTable) else 0
+        if len(table.columns) - len(part.columns) == hideable:
+            continue  # every column it may hide is hidden: what is left may wrap
         widths = _column_widths(console, part, width)
         for index, (column, drawn) in enumerate(zip(part.columns, widths, strict=True)):
             cells = list(part._get_cells(console, index, column))[1 if part.show_header else 0 :]
             sizes = [console.measure(c.renderable, options=unbounded) for c in cells]
             widest = max((s.maximum for s in sizes), default=0)
-            longest_word = max((s.minimum for s in sizes), default=0)
-            prose = not column.no_wrap and widest > max(base._PROSE, longest_word)
-            if drawn < widest and not prose:
+            if drawn < widest and not base._prose(column, widest - 1):  # padding: 1
                 wrapped.append(f"{part.title!s:.30} · column {column.header or index}")
     return wrapped
 
@@ -68,13 +70,18 @@ def test_no_golden_table_row_wraps_a_name_or_number(width: int) -> None:
     assert not wrapped, "\n".join(wrapped)
 
 
+class _Unfitted(render.Rendered):
+    """Each part drawn as it is, columns hidden by none: as rich alone draws it."""
+
+    def drawn(self, console):
+        return [(part, self.width) for part in base._parts(self.renderable)]
+
+
 def test_the_check_sees_a_row_that_wraps() -> None:
-    """Without its hide list the summary at 60 columns wraps its group names."""
+    """The summary at 60 columns drawn with every column wraps its group names."""
     drawn = render.render(CASES["summary"](), width=60)
     assert not _wrapped_rows(drawn)
-    table = next(p for p in base._parts(drawn.renderable) if isinstance(p, base.HouseTable))
-    table.hide = ()
-    assert _wrapped_rows(drawn)
+    assert _wrapped_rows(_Unfitted(drawn.renderable, 60))
 
 
 def test_hidden_columns_go_in_priority_order_and_are_named() -> None:

@@ -139,15 +139,17 @@ def test_html_tables_size_to_the_output():
     parsed.feed(html_text)
     names = [tag for tag, _ in parsed.tags]
     assert "code" not in names and "hidden" not in html_text  # ... the HTML keeps them all
-    (outer_tag, outer), (table_tag, table) = parsed.tags[:2]
+    (outer_tag, outer), (title_tag, _) = parsed.tags[:2]
     assert outer_tag == "div" and _rules(outer)["overflow-x"].startswith("auto")
-    assert table_tag == "table" and _rules(table)["max-width"] == "100%"
+    assert title_tag == "div"  # above the table: it wraps at the output's width
+    table = dict(parsed.tags)["table"]
+    assert names.index("table") > 1 and _rules(table)["max-width"] == "100%"
     assert _rules(table)["margin"].startswith("0")  # not centred
     heads = _Text.of(html_text, "th")
     assert heads[:3] == ["epoch", "train loss", "val loss"]
     assert len(heads) == 4 + len(lrs) + 2  # and time and samples/s at the end
     cells = [rules for tag, rules in parsed.tags if tag in ("td", "th")]
-    assert all(_rules(rules)["white-space"] in ("pre", "normal") for rules in cells)
+    assert all(_rules(rules)["white-space"] == "pre" for rules in cells)  # no prose here
     assert all("padding" in _rules(rules) for rules in cells)
     # the text after the table (the run's ending) is in a <pre> that wraps at spaces only
     pre = dict(parsed.tags)["pre"]
@@ -157,13 +159,27 @@ def test_html_tables_size_to_the_output():
 
 
 def test_html_prose_cells_wrap_between_words_only():
-    """A wrapping cell keeps each word in a no-wrap span: browsers would otherwise also
-    break after a hyphen or a slash (``1e-4…0.001``, ``samples/s``)."""
-    drawn = render.base.table("t", [("name", "left"), ("prose", "left")], whole=("name",))
-    drawn.add_row("layer1-3", "lr 1e-4…0.001 per group")
+    """Only prose wraps in HTML, and keeps each word in a no-wrap span: browsers would
+    otherwise also break after a hyphen or a slash (``1e-4…0.001``, ``samples/s``). A
+    short cell that may wrap in text (a group list, an lr with its base) stays on one
+    line: the table scrolls rather than wrap a row's names and numbers."""
+    drawn = render.base.table(
+        "t", [("name", "left"), ("prose", "left"), ("lr", "left")], whole=("name",)
+    )
+    drawn.add_row(
+        "layer1-3", "the lr spread 1e-4…0.001 over the selected blocks", "base 1e-4 · now 2e-5"
+    )
     html_text = render.Rendered(drawn, 40).html()
     assert '<span style="white-space:nowrap">1e-4…0.001</span>' in html_text
-    assert "<td" in html_text and ">layer1-3</td>" in html_text
+    assert ">layer1-3</td>" in html_text
+    cells = [s for t, s in _tags(html_text) if t == "td"]
+    assert [_rules(s)["white-space"] for s in cells] == ["pre", "normal", "pre"]
+
+
+def _tags(text: str) -> list[tuple[str, str]]:
+    parsed = _Tags()
+    parsed.feed(text)
+    return parsed.tags
 
 
 class _Text(HTMLParser):

@@ -249,7 +249,7 @@ def test_every_notebook_the_check_runs_exists():
 
 def _table(keys: list[tuple[str, float, float]], right: float = 800.0) -> dict:
     return {
-        "caption": "model (ResNet)",
+        "title": "model (ResNet)",
         "keys": [{"text": t, "left": a, "right": b} for t, a, b in keys],
         "visibleLeft": 300.0,
         "visibleRight": right,

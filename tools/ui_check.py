@@ -273,7 +273,7 @@ def judge(page: dict[str, Any], combo: Combo, min_contrast: float) -> None:
                 combo.check(
                     not outside,
                     f"{where}: key columns {', '.join(outside)} of table "
-                    f"{_snippet(drawn['caption'], 40)!r} are right of the visible output "
+                    f"{_snippet(drawn['title'], 40)!r} are right of the visible output "
                     f"({drawn['visibleRight']:.0f} px)",
                 )
             if min_contrast > 0:

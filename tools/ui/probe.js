@@ -76,8 +76,9 @@
         const box = th.getBoundingClientRect();
         return { text: th.innerText.trim(), left: box.left, right: box.right };
       });
-      const caption = table.querySelector("caption");
-      return { caption: caption ? caption.innerText.trim() : "", keys, visibleLeft, visibleRight };
+      const above = table.previousElementSibling;
+      const titled = above && above.classList.contains("torchmagic-title");
+      return { title: titled ? above.innerText.trim() : "", keys, visibleLeft, visibleRight };
     });
   }
 

@@ -50,12 +50,15 @@ _PRE = (
 _TABLE = (
     '<table class="torchmagic-table" style="border-collapse:collapse;border:none;'
     "table-layout:auto;width:auto;max-width:100%;margin:0 0 0.2em 0;line-height:normal;"
-    f'{_FONT}">{{caption}}{{head}}<tbody>{{rows}}</tbody></table>'
+    f'{_FONT}">{{head}}<tbody>{{rows}}</tbody></table>'
 )
-_CAPTION = (
-    '<caption style="caption-side:top;text-align:left;font-weight:bold;'
-    'white-space:normal;padding:0">{}</caption>'
+# a title above its table, not a <caption>: a caption wraps at the table's width, which
+# may be wider than the output
+_TITLE = (
+    f'<div class="torchmagic-title" style="font-weight:bold;white-space:normal;'
+    f'line-height:normal;{_FONT}">{{}}</div>'
 )
+
 _WORD = re.compile(r"[^ ]+")
 _RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
 
@@ -213,17 +216,9 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     as it is."""
     if not isinstance(part, Table) or not part.columns or _sized(part):
         return [(part, width)]
-    unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
-    lows, highs = [], []
-    for column in part.columns:
-        cells = [column.header] if part.show_header else []
-        cells += [*column.cells, *([column.footer] if part.show_footer else [])]
-        sizes = [Measurement.get(console, unbounded, cell) for cell in cells]
-        high = max((size.maximum for size in sizes), default=0)
-        highs.append(high)
-        lows.append(high if column.no_wrap else max((s.minimum for s in sizes), default=0))
-    # a row wraps where a column is narrower than its widest cell; prose (a wrapping
-    # column wider than _PROSE) may wrap down to _PROSE before a column is hidden for it
+    lows, highs = _column_sizes(console, part)
+    # a row wraps where a column is narrower than its widest cell; prose (``_prose``)
+    # may wrap down to _PROSE before a column is hidden for it
     needs = [min(high, max(low, _PROSE)) for low, high in zip(lows, highs, strict=True)]
     order = list(part.hide) if isinstance(part, HouseTable) else []
     shown = list(range(len(part.columns)))
@@ -253,6 +248,27 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     return [(fitted, drawn_at), (note, width)]
 
 
+def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
+    """Each column's narrowest width that keeps its words whole (its widest cell where
+    it does not wrap), and its widest cell: header, cells and footer."""
+    unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
+    lows, highs = [], []
+    for column in table.columns:
+        cells = [column.header] if table.show_header else []
+        cells += [*column.cells, *([column.footer] if table.show_footer else [])]
+        sizes = [Measurement.get(console, unbounded, cell) for cell in cells]
+        high = max((size.maximum for size in sizes), default=0)
+        highs.append(high)
+        lows.append(high if column.no_wrap else max((s.minimum for s in sizes), default=0))
+    return lows, highs
+
+
+def _prose(column: Column, high: int) -> bool:
+    """A column that wraps and whose widest cell is longer than ``_PROSE``: sentences,
+    not a name or a number with a space in it."""
+    return not column.no_wrap and high > _PROSE
+
+
 def _edges(console: Console, table: Table, shown: Sequence[int]) -> int:
     """The padding and the rules between the ``shown`` columns: the table with them all
     0 wide."""
@@ -268,7 +284,7 @@ def _header(header: RenderableType) -> str:
 
 
 _UNBOUNDED = 10_000
-_PROSE = 24
+_PROSE = 32
 
 
 def _sized(table: Table) -> bool:
@@ -333,18 +349,21 @@ def _html_line(line: Sequence[Segment], words: bool = False) -> str:
 
 
 def _html_table(console: Console, table: Table) -> str:
-    """``table`` as an HTML table: its title the caption, its header bold over a rule,
-    its columns apart by thin rules. A column that does not wrap keeps each cell on one
-    line (indents kept); one that wraps breaks only at spaces (each word kept whole).
+    """``table`` as an HTML table: its title above it, its header bold over a rule, its
+    columns apart by thin rules. Prose (``_prose``) wraps at spaces only (each word kept
+    whole); every other column keeps each cell on one line (indents kept), so a row
+    wraps only its sentences.
     The header of a key column (one no width hides) carries ``data-tm-key``: what
     ``tools/ui_check.py`` finds inside the visible output."""
     columns = table.columns
     last = len(columns) - 1
     hidden = set(table.hide) if isinstance(table, HouseTable) else set()
+    _, highs = _column_sizes(console, table)
+    prose = [_prose(column, high) for column, high in zip(columns, highs, strict=True)]
 
     def style(index: int, column: Column, head: bool) -> str:
         justify = column.justify if column.justify in ("left", "right", "center") else "left"
-        wrap = "pre" if column.no_wrap or head else "normal"
+        wrap = "normal" if prose[index] and not head else "pre"
         left, right = ("0" if index == 0 else "1ch"), ("0" if index == last else "1ch")
         rule = f";border-left:{_RULE}" if index else ""
         return (
@@ -355,13 +374,16 @@ def _html_table(console: Console, table: Table) -> str:
     head = ""
     if table.show_header:
         heads = "".join(
-            f'<th{"" if i in hidden else " data-tm-key"} '
+            f"<th{'' if i in hidden else ' data-tm-key'} "
             f'style="{style(i, c, True)};font-weight:bold;border-bottom:{_RULE}">'
             f"{_html_cell(console, c.header, whole=True)}</th>"
             for i, c in enumerate(columns)
         )
         head = f"<thead><tr>{heads}</tr></thead>"
-    cells = [[_html_cell(console, cell, c.no_wrap) for cell in c.cells] for c in columns]
+    cells = [
+        [_html_cell(console, cell, whole=not prose[i]) for cell in c.cells]
+        for i, c in enumerate(columns)
+    ]
     rows = []
     for r in range(table.row_count):
         between = f";border-top:{_RULE}" if table.show_lines and r else ""
@@ -370,10 +392,8 @@ def _html_table(console: Console, table: Table) -> str:
             for i, c in enumerate(columns)
         )
         rows.append(f"<tr>{row}</tr>")
-    title = _html_cell(console, table.title, whole=False) if table.title else ""
-    return _TABLE.format(
-        caption=_CAPTION.format(title) if title else "", head=head, rows="".join(rows)
-    )
+    title = _TITLE.format(_html_cell(console, table.title, whole=False)) if table.title else ""
+    return title + _TABLE.format(head=head, rows="".join(rows))
 
 
 def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
