@@ -377,3 +377,18 @@ def test_terminal_progress_is_transient_and_ends_with_a_summary():
     assert "step 3/10" in text and "loss 0.5" in text
     summary = "%fit: 1 of 2 epochs in 00:00 · train loss 0.5 · val acc 75.0%"
     assert text.rstrip().endswith(summary)  # …and the summary stays
+
+
+def test_html_marks_the_key_columns_ui_check_looks_for():
+    """The header of every column no width hides carries data-tm-key (the summary's
+    module, state and params), the others do not."""
+    from test_golden import CASES
+
+    html_text = render.render(CASES["summary"](), width=100).html()
+    summary = html_text.split("<table")[1]
+    keyed = [
+        "".join(_Text.of(f"<th{head}", "th"))
+        for head in summary.split("<th")[1:]
+        if "data-tm-key" in head.split(">")[0]
+    ]
+    assert keyed == ["module", "state", "params"]
