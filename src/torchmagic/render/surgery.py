@@ -63,7 +63,7 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             ("", "left"),
         ],
         whole=("#", "group", "wd", "tensors", "params", ""),
-        hide=("tensors", "wd", "params"),
+        hide=("tensors", "wd", "params", 6),  # 6: the new/changed marker
     )
     for g in groups:
         rate = _group_lr(g)
@@ -287,7 +287,7 @@ def history(
         "torchmagic history",
         [("#", "right"), ("command", "left"), ("modules", "left"), ("model", "left"), ("", "left")],
         whole=("#", "model"),
-        hide=("model", "modules"),
+        hide=("model", "modules", 4),  # 4: the stale marker
     )
     for e in entries:
         drawn.add_row(
@@ -312,7 +312,7 @@ class ManifestHelp:
 def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     drawn = table(
         f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
-        [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
+        [("magic", "left"), ("what it does", "left"), ("usage", "left"), ("example", "left")],
         whole=("magic",),
         hide=("example", "usage"),
         show_lines=True,
@@ -320,7 +320,7 @@ def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     for magic in manifest["magics"]:
         prefix = "%%" if magic["kind"] == "cell" else "%"
         drawn.add_row(
-            f"{prefix}{magic['name']}", magic["usage"], magic["summary"], magic["example"]
+            f"{prefix}{magic['name']}", magic["summary"], magic["usage"], magic["example"]
         )
     return Rendered(drawn, width)
 
