@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.table import Table
 from torch import nn
 
 from torchmagic import Session, render
@@ -48,6 +49,7 @@ from torchmagic.core.training.progressive import Unfrozen
 from torchmagic.core.training.recipe import FineTuneResult
 from torchmagic.core.zoo import LoadedModel, WeightsInfo
 from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
+from torchmagic.render.base import _parts
 
 GOLDEN = Path(__file__).parent / "golden"
 WIDTH = 100
@@ -694,7 +696,9 @@ ALL_CASES = [*CASES, *PROGRESS]
 def test_golden(case: str) -> None:
     bundle = _rendered(case)._repr_mimebundle_()
     text = bundle["text/plain"]
-    assert "<pre" in bundle["text/html"]
+    html = bundle["text/html"]
+    tables = sum(isinstance(part, Table) for part in _parts(_rendered(case).renderable))
+    assert html.count("<table") == tables and ("<pre" in html or tables)
     assert all(line == line.rstrip() for line in text.splitlines()), "trailing spaces"
     assert max(len(line) for line in text.splitlines()) <= WIDTH
     golden = GOLDEN / f"{case}.txt"

@@ -124,28 +124,88 @@ def _rules(style: str) -> dict[str, str]:
     return {name.strip(): value.strip() for name, value in pairs}
 
 
-def test_html_rows_never_wrap_they_scroll():
-    """JupyterLab's ``.jp-RenderedHTMLCommon code {white-space: pre-wrap}`` wrapped every
-    row: no <code>; the <pre> keeps white-space:pre against any stylesheet rule
-    (!important), and a block around it scrolls sideways."""
+def test_html_tables_size_to_the_output():
+    """A table is a <table> the browser sizes (max-width 100%) with every column, the
+    most important on the left, whatever the text width; JupyterLab's
+    ``code {white-space: pre-wrap}`` and centred 0.5em cells are kept out (no <code>,
+    inline rules); names and numbers never wrap, prose wraps only between words, and
+    the block around it scrolls sideways where words alone are wider."""
     lrs = (1e-3, 1e-4, 1e-5, 2e-5, 3e-5, 4e-5)
     wide = FitHistory("fit 1", "m", (EpochMetrics(1, 1.0, 0.9, 0.5, 8, 1.0, lrs),), 1, 8, 1.0)
-    bundle = render.fit_history(wide, width=180)._repr_mimebundle_(include={"text/html"})
-    bundle["text/plain"] = str(render.fit_history(wide, width=180))
+    narrow = render.fit_history(wide, width=60)
+    assert "hidden at 60 columns" in str(narrow)  # the text hides columns ...
+    html_text = narrow._repr_mimebundle_(include={"text/html"})["text/html"]
     parsed = _Tags()
-    parsed.feed(bundle["text/html"])
+    parsed.feed(html_text)
     names = [tag for tag, _ in parsed.tags]
-    assert "code" not in names
-    (outer_tag, outer), (pre_tag, pre) = parsed.tags[:2]
+    assert "code" not in names and "hidden" not in html_text  # ... the HTML keeps them all
+    (outer_tag, outer), (title_tag, _) = parsed.tags[:2]
     assert outer_tag == "div" and _rules(outer)["overflow-x"].startswith("auto")
-    assert pre_tag == "pre" and _rules(pre)["white-space"] == "pre !important"
-    # every element inside the <pre> inherits white-space: only spans, without their own
-    inside = names[2 : names.index("div", 2)] if "div" in names[2:] else names[2:]
-    assert set(inside) <= {"span"}
-    assert all("white-space" not in style for _, style in parsed.tags[2 : 2 + len(inside)])
-    # the same lines as the text, none longer than the width asked for
-    assert html.unescape(parsed.text) == bundle["text/plain"]
-    assert max(map(len, bundle["text/plain"].splitlines())) > 100
+    assert title_tag == "div"  # above the table: it wraps at the output's width
+    table = dict(parsed.tags)["table"]
+    assert names.index("table") > 1 and _rules(table)["max-width"] == "100%"
+    assert _rules(table)["margin"].startswith("0")  # not centred
+    heads = _Text.of(html_text, "th")
+    assert heads[:3] == ["epoch", "train loss", "val loss"]
+    assert len(heads) == 4 + len(lrs) + 2  # and time and samples/s at the end
+    cells = [rules for tag, rules in parsed.tags if tag in ("td", "th")]
+    assert all(_rules(rules)["white-space"] == "pre" for rules in cells)  # no prose here
+    assert all("padding" in _rules(rules) for rules in cells)
+    # the text after the table (the run's ending) is in a <pre> that wraps at spaces only
+    pre = dict(parsed.tags)["pre"]
+    assert _rules(pre)["white-space"] == "pre-wrap !important"
+    assert _rules(pre)["word-break"] == "normal !important"
+    assert "completed" in html.unescape(parsed.text)
+
+
+def test_html_prose_cells_wrap_between_words_only():
+    """Only prose wraps in HTML, and keeps each word in a no-wrap span: browsers would
+    otherwise also break after a hyphen or a slash (``1e-4…0.001``, ``samples/s``). A
+    short cell that may wrap in text (a group list, an lr with its base) stays on one
+    line: the table scrolls rather than wrap a row's names and numbers."""
+    drawn = render.base.table(
+        "t", [("name", "left"), ("prose", "left"), ("lr", "left")], whole=("name",)
+    )
+    drawn.add_row(
+        "layer1-3", "the lr spread 1e-4…0.001 over the selected blocks", "base 1e-4 · now 2e-5"
+    )
+    html_text = render.Rendered(drawn, 40).html()
+    assert '<span style="white-space:nowrap">1e-4…0.001</span>' in html_text
+    assert ">layer1-3</td>" in html_text
+    cells = [s for t, s in _tags(html_text) if t == "td"]
+    assert [_rules(s)["white-space"] for s in cells] == ["pre", "normal", "pre"]
+
+
+def _tags(text: str) -> list[tuple[str, str]]:
+    parsed = _Tags()
+    parsed.feed(text)
+    return parsed.tags
+
+
+class _Text(HTMLParser):
+    """The text of each element with a given tag."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.tag, self.depth, self.texts = tag, 0, []
+
+    @classmethod
+    def of(cls, text: str, tag: str) -> list[str]:
+        parser = cls(tag)
+        parser.feed(text)
+        return parser.texts
+
+    def handle_starttag(self, tag, attrs):
+        if tag == self.tag:
+            self.depth += 1
+            self.texts.append("")
+
+    def handle_endtag(self, tag):
+        self.depth -= tag == self.tag
+
+    def handle_data(self, data):
+        if self.depth:
+            self.texts[-1] += data
 
 
 def test_human_keeps_slow_rates():
@@ -317,3 +377,18 @@ def test_terminal_progress_is_transient_and_ends_with_a_summary():
     assert "step 3/10" in text and "loss 0.5" in text
     summary = "%fit: 1 of 2 epochs in 00:00 · train loss 0.5 · val acc 75.0%"
     assert text.rstrip().endswith(summary)  # …and the summary stays
+
+
+def test_html_marks_the_key_columns_ui_check_looks_for():
+    """The header of every column no width hides carries data-tm-key (the summary's
+    module, state and params), the others do not."""
+    from test_golden import CASES
+
+    html_text = render.render(CASES["summary"](), width=100).html()
+    summary = html_text.split("<table")[1]
+    keyed = [
+        "".join(_Text.of(f"<th{head}", "th"))
+        for head in summary.split("<th")[1:]
+        if "data-tm-key" in head.split(">")[0]
+    ]
+    assert keyed == ["module", "state", "params"]

@@ -422,21 +422,27 @@ class _AsRichDraws(render.Rendered):
 
 
 def test_the_terminal_live_view_keeps_words_where_it_fits() -> None:
-    """The terminal's live %fit view draws its epoch table through ``Fitted``: words whole
-    where the table fits the terminal; where it cannot, rich's own layout (a live view
-    crops what is wider than the terminal, which would lose columns)."""
+    """The terminal's live %fit view draws its epoch table through ``Fitted``: words and
+    numbers whole, the least important columns hidden (and named) where the table does
+    not fit the terminal; where even its key columns cannot fit, rich's own layout (a
+    live view crops what is wider than the terminal, which would lose columns)."""
     import io
 
     from torchmagic.render.base import Fitted
     from torchmagic.render.training import epoch_table
 
-    drawn = epoch_table([EpochMetrics(1, 1.2345678, 1.1, 0.5, 512, 2.0, (1e-3, 1e-4))])
+    drawn = epoch_table([EpochMetrics(1, 1.2345678, 1.1, 0.5, 512, 2.0, (1e-3, 2.45e-6))])
 
     def printed(renderable: RenderableType, width: int) -> str:
         console = Console(file=io.StringIO(), width=width, markup=False)
         console.print(renderable)
         return console.file.getvalue()
 
-    assert "samples/s" in printed(Fitted(drawn), 64)
-    assert "samples/s" not in printed(drawn, 64)  # rich alone: "sampl" / "es/s"
-    assert printed(Fitted(drawn), 50) == printed(drawn, 50)
+    wide = printed(Fitted(drawn), 100)
+    assert "samples/s" in wide and "2.45e-6" in wide and "hidden" not in wide
+    narrow = printed(Fitted(drawn), 50)
+    assert max(map(len, narrow.splitlines())) <= 50
+    assert "1.235" in narrow and "0.001" in narrow and "sampl" not in narrow.split("…")[0]
+    assert "hidden at 50 columns: lr group 1, time (s), samples/s" in " ".join(narrow.split())
+    assert "samples/s" not in printed(drawn, 50)  # rich alone: "sampl" / "es/s"
+    assert printed(Fitted(drawn), 20) == printed(drawn, 20)

@@ -245,3 +245,28 @@ def test_summary_table_has_one_row_per_combination():
 def test_every_notebook_the_check_runs_exists():
     for path in ui.NOTEBOOKS.values():
         assert (ROOT / path).is_file(), path
+
+
+def _table(keys: list[tuple[str, float, float]], right: float = 800.0) -> dict:
+    return {
+        "title": "model (ResNet)",
+        "keys": [{"text": t, "left": a, "right": b} for t, a, b in keys],
+        "visibleLeft": 300.0,
+        "visibleRight": right,
+    }
+
+
+def test_key_columns_inside_the_visible_output_pass():
+    output = {**_html(), "tables": [_table([("module", 300, 380), ("params", 380, 440)])]}
+    combo = _judge(_page(_cell("%summary", output)))
+    assert combo.failures == [] and combo.checks == 5  # ran, no error, shown, <pre>, table
+
+
+def test_a_key_column_right_of_the_visible_output_fails_and_names_it():
+    """At 900 px with the file browser open, a key column reachable only by scrolling."""
+    keys = [("module", 300, 380), ("state", 380, 790.5), ("params", 790, 860)]
+    output = {**_html(), "tables": [_table(keys)]}
+    combo = _judge(_page(_cell("%summary", output)))
+    assert len(combo.failures) == 1
+    assert "key columns params of table 'model (ResNet)'" in combo.failures[0]
+    assert ui.hidden_keys(_table(keys, right=900.0)) == []

@@ -8,7 +8,11 @@ and window width takes screenshots (build/ui/) and asserts what the page can sho
 
 * every code cell ran (it has an execution count),
 * every magic cell has an output, and no output is an error or a traceback,
-* no line of any ``<pre>`` in a magic's output wraps (each text line is one line box),
+* no line of any ``<pre>`` in a magic's output that promises not to wrap
+  (``white-space: pre``) wraps (each text line is one line box),
+* every table's key columns (``<th data-tm-key>``: those no width hides, the table's
+  most important) sit inside the part of the output one sees without scrolling sideways,
+  with JupyterLab's file browser open beside the notebook,
 * text in magic outputs keeps a minimum contrast against the background it sits on.
 
 Each notebook runs once; themes and widths are then applied to the live page, as a user
@@ -150,6 +154,12 @@ def wrapped_lines(lines: Sequence[dict[str, Any]]) -> list[str]:
     return [line["text"] for line in lines if line_box_count(line["boxes"]) > 1]
 
 
+def hidden_keys(table: dict[str, Any], tolerance: float = 1.0) -> list[str]:
+    """The key columns of one probed table that sit outside its visible span."""
+    left, right = table["visibleLeft"] - tolerance, table["visibleRight"] + tolerance
+    return [k["text"] for k in table["keys"] if k["left"] < left or k["right"] > right]
+
+
 def magic_name(source: str) -> str | None:
     """The line magic a cell starts with (first non-blank, non-comment line), if any."""
     for line in source.splitlines():
@@ -257,6 +267,14 @@ def judge(page: dict[str, Any], combo: Combo, min_contrast: float) -> None:
                     not wrapped,
                     f"{where}: {len(wrapped)} of {len(lines)} lines wrap, "
                     f"e.g. {_snippet(wrapped[0]) if wrapped else ''!r}",
+                )
+            for drawn in output.get("tables", []):
+                outside = hidden_keys(drawn)
+                combo.check(
+                    not outside,
+                    f"{where}: key columns {', '.join(outside)} of table "
+                    f"{_snippet(drawn['title'], 40)!r} are right of the visible output "
+                    f"({drawn['visibleRight']:.0f} px)",
                 )
             if min_contrast > 0:
                 for pair in output["colours"]:
@@ -488,9 +506,19 @@ def _settle(page: Any) -> None:
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
+_FILE_BROWSER = """() => {
+  const app = window.jupyterapp;
+  const notebook = app.shell.currentWidget.id;
+  app.shell.activateById("filebrowser");
+  app.shell.activateById(notebook);
+}"""
+
+
 def _capture(page: Any, combo: Combo, probe: str, min_contrast: float) -> None:
-    """Full-notebook and per-output screenshots, then the checks, at the combo's size."""
+    """Full-notebook and per-output screenshots, then the checks, at the combo's size,
+    with the file browser open beside the notebook (what takes a narrow window's room)."""
     combo.folder.mkdir(parents=True, exist_ok=True)
+    page.evaluate(_FILE_BROWSER)
     page.set_viewport_size({"width": combo.width, "height": WINDOW_HEIGHT})
     _settle(page)
     extra = page.evaluate(_SCROLL_EXTRA)

@@ -53,6 +53,35 @@
     return lines;
   }
 
+  // The horizontal extent of `element` a user sees without scrolling: its box clipped
+  // by every ancestor that clips (a scrolling output block, the notebook panel).
+  function visibleSpan(element) {
+    let left = -Infinity;
+    let right = Infinity;
+    for (let e = element.parentElement; e; e = e.parentElement) {
+      if (getComputedStyle(e).overflowX === "visible") continue;
+      const box = e.getBoundingClientRect();
+      left = Math.max(left, box.left);
+      right = Math.min(right, box.right);
+    }
+    return [Math.max(left, 0), Math.min(right, document.documentElement.clientWidth)];
+  }
+
+  // Each <table> with the header cells of its key columns (``data-tm-key``, those no
+  // width hides) and where they sit against the part of the output one sees.
+  function tables(root) {
+    return Array.from(root.querySelectorAll("table")).map((table) => {
+      const [visibleLeft, visibleRight] = visibleSpan(table);
+      const keys = Array.from(table.querySelectorAll("th[data-tm-key]")).map((th) => {
+        const box = th.getBoundingClientRect();
+        return { text: th.innerText.trim(), left: box.left, right: box.right };
+      });
+      const above = table.previousElementSibling;
+      const titled = above && above.classList.contains("torchmagic-title");
+      return { title: titled ? above.innerText.trim() : "", keys, visibleLeft, visibleRight };
+    });
+  }
+
   // Any CSS colour (color(srgb …), color-mix results, names) as "rgba(r, g, b, a)".
   const canvas = document.createElement("canvas").getContext("2d", { willReadFrequently: true });
   function rgba(css) {
@@ -111,7 +140,14 @@
         mimeType: rendered ? rendered.getAttribute("data-mime-type") || "" : "",
         text: node ? node.innerText.slice(0, maxText) : "",
         present: !!node && node.getClientRects().length > 0,
-        pres: node ? Array.from(node.querySelectorAll("pre")).map(preLines) : [],
+        // only a <pre> that promises not to wrap (white-space: pre); one with pre-wrap
+        // wraps its prose at spaces by design
+        pres: node
+          ? Array.from(node.querySelectorAll("pre"))
+              .filter((pre) => getComputedStyle(pre).whiteSpace === "pre")
+              .map(preLines)
+          : [],
+        tables: node ? tables(node) : [],
         colours: node && options.colours ? colours(node) : [],
       });
     }

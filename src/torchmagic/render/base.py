@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import html
 import io
+import re
 import shutil
 import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -23,22 +24,43 @@ from rich.console import (
 )
 from rich.measure import Measurement
 from rich.segment import Segment
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from . import theme
 
-# Front ends style <pre> and <code> in their own ways (JupyterLab: ``.jp-RenderedHTMLCommon
-# code {white-space: pre-wrap}``), and a stylesheet rule with !important beats an inline
-# style without: no <code>, and the inline rules that keep a row on one line carry
-# !important. The block around it scrolls sideways when a table is wider than the output.
+# HTML: every table a real <table> the browser sizes to the output (max-width 100%: its
+# prose columns wrap at spaces, never inside a word; names and numbers never wrap), the
+# most important columns on the left; the lines between tables in a <pre> that wraps at
+# spaces. Front ends style <pre>, <code> and <table> in their own ways (JupyterLab:
+# ``.jp-RenderedHTMLCommon code {white-space: pre-wrap}``, centred tables with 0.5em
+# cells): no <code>, and inline rules (!important where a stylesheet rule may carry it).
+# The block around it scrolls sideways when a table's words alone are wider than the
+# output.
+_FONT = "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace;font-size:inherit"
 _HTML = (
     '<div class="torchmagic-output" style="overflow-x:auto !important;max-width:100%">'
-    '<pre style="white-space:pre !important;overflow-wrap:normal !important;'
-    "word-break:normal !important;overflow:visible !important;margin:0;padding:0;"
-    "background:transparent;line-height:normal;font-size:inherit;"
-    "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">"
-    "{code}</pre></div>"
+    "{blocks}</div>"
 )
+_PRE = (
+    '<pre style="white-space:pre-wrap !important;overflow-wrap:normal !important;'
+    "word-break:normal !important;overflow:visible !important;margin:0;padding:0;"
+    f'background:transparent;line-height:normal;{_FONT}">{{code}}</pre>'
+)
+_TABLE = (
+    '<table class="torchmagic-table" style="border-collapse:collapse;border:none;'
+    "table-layout:auto;width:auto;max-width:100%;margin:0 0 0.2em 0;line-height:normal;"
+    f'{_FONT}">{{head}}<tbody>{{rows}}</tbody></table>'
+)
+# a title above its table, not a <caption>: a caption wraps at the table's width, which
+# may be wider than the output
+_TITLE = (
+    f'<div class="torchmagic-title" style="font-weight:bold;white-space:normal;'
+    f'line-height:normal;{_FONT}">{{}}</div>'
+)
+
+_WORD = re.compile(r"[^ ]+")
+_RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
 
 
 DEFAULT_WIDTH = 100
@@ -104,8 +126,13 @@ class Rendered:
 
     def drawn(self, console: Console) -> list[tuple[RenderableType, int]]:
         """What ``lines`` draws, in order: each part of the renderable (a nested Group
-        flattened) with the width it is drawn at; a table as laid out by ``_fitted``."""
-        return [_fitted(console, part, self.width) for part in _parts(self.renderable)]
+        flattened) with the width it is drawn at; a table as laid out by ``_fitted``
+        (with the line naming the columns it hid, if any)."""
+        return [
+            drawn
+            for part in _parts(self.renderable)
+            for drawn in _fitted(console, part, self.width)
+        ]
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
@@ -113,13 +140,36 @@ class Rendered:
         types = wanted(include, exclude)
         if not types:
             return {}
-        lines = self.lines()
         bundle = {}
         if "text/plain" in types:
-            bundle["text/plain"] = _text(lines)
+            bundle["text/plain"] = _text(self.lines())
         if "text/html" in types:
-            bundle["text/html"] = _HTML.format(code="\n".join(_html_line(ln) for ln in lines))
+            bundle["text/html"] = self.html()
         return bundle
+
+    def html(self) -> str:
+        """The ``text/html`` drawing: tables as <table> with every column, the other
+        parts as the lines ``lines`` draws them in."""
+        console = self.console()
+        blocks: list[str] = []
+        text: list[list[Segment]] = []
+        for part in _parts(self.renderable):
+            if isinstance(part, Table) and part.columns and not _sized(part):
+                if text:
+                    blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
+                    text = []
+                blocks.append(_html_table(console, part))
+                continue
+            options = console.options.update_width(self.width)
+            text += [
+                _rstrip(Segment.simplify(line))
+                for line in console.render_lines(part, options, pad=False)
+            ]
+        while text and not text[-1]:
+            text.pop()
+        if text:
+            blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
+        return _HTML.format(blocks="".join(blocks))
 
     def __str__(self) -> str:
         return _text(self.lines())
@@ -127,18 +177,20 @@ class Rendered:
 
 class Fitted:
     """``renderable`` for a console that draws it itself (the terminal's live %fit view):
-    each table laid out as ``Rendered`` lays it out, words whole, where that fits the
-    console; one that would need more is left to rich (a live view crops what is wider)."""
+    each table laid out as ``Rendered`` lays it out (least important columns hidden,
+    words and numbers whole) where that fits the console; one whose key columns alone
+    need more is left to rich (a live view crops what is wider)."""
 
     def __init__(self, renderable: RenderableType) -> None:
         self.renderable = renderable
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for part in _parts(self.renderable):
-            fitted, width = _fitted(console, part, options.max_width)
-            if width > options.max_width:
-                fitted = part
-            yield from console.render(fitted, options)
+            drawn = _fitted(console, part, options.max_width)
+            if any(width > options.max_width for _, width in drawn):
+                drawn = [(part, options.max_width)]
+            for fitted, _ in drawn:
+                yield from console.render(fitted, options)
 
 
 def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
@@ -150,40 +202,89 @@ def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
         yield renderable
 
 
-def _fitted(console: Console, part: RenderableType, width: int) -> tuple[RenderableType, int]:
-    """``part`` and the width to draw it at. A table wider than ``width`` is narrowed by
-    its wrapping columns, the widest first, none below its longest word (rich would
-    narrow a column below it and break the word: a module path cut in two reads as two
-    names), and columns that do not wrap (``no_wrap``, the house table's ``whole``) keep
-    their widest cell. A table whose words alone are wider is drawn as wide as they need:
-    the HTML scrolls sideways, and a terminal wraps the line whole. Anything else is
-    drawn at ``width`` as it is."""
+def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[RenderableType, int]]:
+    """``part`` and the width to draw it at, then the line naming the columns it hid.
+
+    A table wider than ``width`` first hides its least important columns
+    (``HouseTable.hide``, in order) until each row fits on one line (prose wrapped down
+    to ``_PROSE`` columns). Still wider, it is narrowed by its wrapping columns, the
+    widest first, none below its longest word (rich would narrow a column below it and
+    break the word: a module path cut in two reads as two names), and columns that do
+    not wrap (``no_wrap``, the house table's ``whole``) keep their widest cell. A table
+    whose words alone are wider is drawn as wide as they need: the HTML scrolls
+    sideways, and a terminal wraps the line whole. Anything else is drawn at ``width``
+    as it is."""
     if not isinstance(part, Table) or not part.columns or _sized(part):
-        return part, width
+        return [(part, width)]
+    lows, highs = _column_sizes(console, part)
+    # a row wraps where a column is narrower than its widest cell; prose (``_prose``)
+    # may wrap down to _PROSE before a column is hidden for it
+    needs = [min(high, max(low, _PROSE)) for low, high in zip(lows, highs, strict=True)]
+    order = list(part.hide) if isinstance(part, HouseTable) else []
+    shown = list(range(len(part.columns)))
+    edges = _edges(console, part, shown)
+    while sum(needs[i] for i in shown) > width - edges and order:
+        shown.remove(order.pop(0))
+        edges = _edges(console, part, shown)
+    hidden = [i for i in range(len(part.columns)) if i not in shown]
+    fitted = copy.copy(part)
+    # rich measures a column by its _index (the last one has no right padding)
+    fitted.columns = [replace(part.columns[i], _index=n) for n, i in enumerate(shown)]
+    drawn_at, room = width, width - edges
+    if sum(highs[i] for i in shown) > room:
+        shown_lows, shown_highs = [lows[i] for i in shown], [highs[i] for i in shown]
+        if sum(shown_lows) >= room:
+            widths = shown_lows
+        else:
+            widths = _share(shown_lows, shown_highs, room)
+        fitted.columns = [replace(c, width=w) for c, w in zip(fitted.columns, widths, strict=True)]
+        drawn_at = max(width, sum(widths) + edges)
+    elif not hidden:
+        return [(part, width)]
+    if not hidden:
+        return [(fitted, drawn_at)]
+    names = ", ".join(_header(part.columns[i].header) or f"column {i + 1}" for i in hidden)
+    note = Text(f"… hidden at {width} columns: {names}", style=theme.style("dim"))
+    return [(fitted, drawn_at), (note, width)]
+
+
+def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
+    """Each column's narrowest width that keeps its words whole (its widest cell where
+    it does not wrap), and its widest cell: header, cells and footer."""
     unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
     lows, highs = [], []
-    for column in part.columns:
-        cells = [column.header] if part.show_header else []
-        cells += [*column.cells, *([column.footer] if part.show_footer else [])]
+    for column in table.columns:
+        cells = [column.header] if table.show_header else []
+        cells += [*column.cells, *([column.footer] if table.show_footer else [])]
         sizes = [Measurement.get(console, unbounded, cell) for cell in cells]
         high = max((size.maximum for size in sizes), default=0)
         highs.append(high)
         lows.append(high if column.no_wrap else max((s.minimum for s in sizes), default=0))
-    # the padding and the rules between columns: the table with every column 0 wide
-    probe = copy.copy(part)
-    probe.columns = [replace(column, width=0) for column in part.columns]
+    return lows, highs
+
+
+def _prose(column: Column, high: int) -> bool:
+    """A column that wraps and whose widest cell is longer than ``_PROSE``: sentences,
+    not a name or a number with a space in it."""
+    return not column.no_wrap and high > _PROSE
+
+
+def _edges(console: Console, table: Table, shown: Sequence[int]) -> int:
+    """The padding and the rules between the ``shown`` columns: the table with them all
+    0 wide."""
+    probe = copy.copy(table)
+    probe.columns = [replace(table.columns[i], width=0, _index=n) for n, i in enumerate(shown)]
     probe.min_width = None
-    edges = console.measure(probe, options=unbounded).maximum
-    room = width - edges
-    if sum(highs) <= room:
-        return part, width
-    widths = lows if sum(lows) >= room else _share(lows, highs, room)
-    fitted = copy.copy(part)
-    fitted.columns = [replace(c, width=w) for c, w in zip(part.columns, widths, strict=True)]
-    return fitted, max(width, sum(widths) + edges)
+    options = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
+    return console.measure(probe, options=options).maximum
+
+
+def _header(header: RenderableType) -> str:
+    return header.plain if isinstance(header, Text) else str(header)
 
 
 _UNBOUNDED = 10_000
+_PROSE = 32
 
 
 def _sized(table: Table) -> bool:
@@ -235,13 +336,75 @@ def _text(lines: Sequence[Sequence[Segment]]) -> str:
     return "\n".join("".join(segment.text for segment in line) for line in lines)
 
 
-def _html_line(line: Sequence[Segment]) -> str:
+def _html_line(line: Sequence[Segment], words: bool = False) -> str:
+    """One drawn line as HTML; ``words``: each run between spaces in a no-wrap span."""
     parts = []
     for segment in line:
         text = html.escape(segment.text, quote=False)
+        if words:
+            text = _WORD.sub(r'<span style="white-space:nowrap">\g<0></span>', text)
         rules = theme.css(segment.style) if segment.style else ""
         parts.append(f'<span style="{rules}">{text}</span>' if rules else text)
     return "".join(parts)
+
+
+def _html_table(console: Console, table: Table) -> str:
+    """``table`` as an HTML table: its title above it, its header bold over a rule, its
+    columns apart by thin rules. Prose (``_prose``) wraps at spaces only (each word kept
+    whole); every other column keeps each cell on one line (indents kept), so a row
+    wraps only its sentences.
+    The header of a key column (one no width hides) carries ``data-tm-key``: what
+    ``tools/ui_check.py`` finds inside the visible output."""
+    columns = table.columns
+    last = len(columns) - 1
+    hidden = set(table.hide) if isinstance(table, HouseTable) else set()
+    _, highs = _column_sizes(console, table)
+    prose = [_prose(column, high) for column, high in zip(columns, highs, strict=True)]
+
+    def style(index: int, column: Column, head: bool) -> str:
+        justify = column.justify if column.justify in ("left", "right", "center") else "left"
+        wrap = "normal" if prose[index] and not head else "pre"
+        left, right = ("0" if index == 0 else "1ch"), ("0" if index == last else "1ch")
+        rule = f";border-left:{_RULE}" if index else ""
+        return (
+            f"padding:0 {right} 0 {left};vertical-align:top;text-align:{justify};"
+            f"white-space:{wrap}{rule}"
+        )
+
+    head = ""
+    if table.show_header:
+        heads = "".join(
+            f"<th{'' if i in hidden else ' data-tm-key'} "
+            f'style="{style(i, c, True)};font-weight:bold;border-bottom:{_RULE}">'
+            f"{_html_cell(console, c.header, whole=True)}</th>"
+            for i, c in enumerate(columns)
+        )
+        head = f"<thead><tr>{heads}</tr></thead>"
+    cells = [
+        [_html_cell(console, cell, whole=not prose[i]) for cell in c.cells]
+        for i, c in enumerate(columns)
+    ]
+    rows = []
+    for r in range(table.row_count):
+        between = f";border-top:{_RULE}" if table.show_lines and r else ""
+        row = "".join(
+            f'<td style="{style(i, c, False)}{between}">{cells[i][r]}</td>'
+            for i, c in enumerate(columns)
+        )
+        rows.append(f"<tr>{row}</tr>")
+    title = _TITLE.format(_html_cell(console, table.title, whole=False)) if table.title else ""
+    return title + _TABLE.format(head=head, rows="".join(rows))
+
+
+def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
+    """A cell's content drawn unbounded (the browser wraps it), lines apart by <br>;
+    ``whole`` False: each word kept on one line, as browsers otherwise also break after
+    a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``)."""
+    options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
+    lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "<br>".join(_html_line(line, words=not whole) for line in lines)
 
 
 def human(n: float) -> str:
@@ -268,26 +431,42 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+class HouseTable(Table):
+    """A house table: a rich Table that knows which columns give way at a narrow width.
+
+    ``hide``: column positions, the first hidden first; the columns not in it always
+    show. Columns are in the order of importance too, so what stays is on the left."""
+
+    def __init__(self, *args: Any, hide: Sequence[int] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hide = tuple(hide)
+
+
 def table(
     title: str | None,
     columns: Sequence[tuple[str, JustifyMethod]] = (),
     whole: Collection[str | int] = (),
+    hide: Sequence[str | int] = (),
     **options: Any,
-) -> Table:
-    """The house table: bold left title, no outer edge; ``columns`` as (name, justify).
-    A table is at least as wide as its title, so the title never wraps while it fits.
-    The columns in ``whole`` (by name, or by position where names repeat, as blank ones
-    do) never wrap: names and numbers with a space in them (a group "layer4 · no_decay",
-    a size "4.0 MiB"). The others wrap at spaces, never inside a word (``_fitted``): a
-    column of single words, numbers say, only ever wraps its header, so that the table
-    still fits a narrow width where its words allow."""
-    drawn = Table(
+) -> HouseTable:
+    """The house table: bold left title, no outer edge; ``columns`` as (name, justify),
+    the most important first. A table is at least as wide as its title, so the title
+    never wraps while it fits. The columns in ``whole`` (by name, or by position where
+    names repeat, as blank ones do) never wrap: names and numbers with a space in them
+    (a group "layer4 · no_decay", a size "4.0 MiB"). The others wrap at spaces, never
+    inside a word (``_fitted``): a column of single words, numbers say, only ever wraps
+    its header, so that the table still fits a narrow width where its words allow.
+    ``hide`` (names or positions): the columns a narrow width hides before any row
+    wraps, least important first; a line under the table names them."""
+    names = [name for name, _ in columns]
+    drawn = HouseTable(
         title=title,
         min_width=len(title) if title else None,
         title_justify="left",
         title_style="bold",
         show_edge=False,
         pad_edge=False,
+        hide=[key if isinstance(key, int) else names.index(key) for key in hide],
         **options,
     )
     for index, (name, justify) in enumerate(columns):

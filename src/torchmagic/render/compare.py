@@ -22,6 +22,7 @@ def device_compare(report: CompareReport, width: int | None = None) -> Rendered:
             ("", "left"),
         ),
         whole=("device",),
+        hide=("of which copy", "samples/s"),
     )
     fastest = report.fastest
     for t in report.timings:

@@ -33,9 +33,10 @@ def devices(report: DeviceReport, width: int | None = None) -> Rendered:
             ("free", "right"),
             ("total", "right"),
             ("bf16", "left"),
-            ("", "left"),
+            ("details", "left"),
         ),
         whole=("device", "name", "free", "total", "bf16"),
+        hide=("details", "capability", "bf16"),
     )
     for d in report.devices:
         drawn.add_row(
@@ -65,6 +66,7 @@ def _misplaced_table(items: tuple[Misplaced, ...], title: str | None) -> Table:
             ("fix", "left"),
         ),
         whole=("tensor", "kind", "device", "shape", "size"),
+        hide=("shape", "size", "kind"),
     )
     for m in items:
         shape = "×".join(map(str, m.shape)) if m.shape else "scalar"

@@ -57,12 +57,13 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             ("#", "right"),
             ("group", "left"),
             ("lr", "right"),
+            ("params", "right"),
             ("wd", "right"),
             ("tensors", "right"),
-            ("params", "right"),
             ("", "left"),
         ],
         whole=("#", "group", "wd", "tensors", "params", ""),
+        hide=("tensors", "wd", "params", 6),  # 6: the new/changed marker
     )
     for g in groups:
         rate = _group_lr(g)
@@ -74,9 +75,9 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             str(g.index),
             group_label(g),
             rate,
+            params,
             wd,
             str(g.tensors),
-            params,
             Text(g.status, style=_STATUS_STYLE.get(g.status, "")),
         )
     parts: list[RenderableType] = [drawn]
@@ -226,34 +227,37 @@ def _group_cell(labels: Sequence[str]) -> str:
 def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     """The module table. Names are indented with padding, not spaces, so no name wraps (a
     path cut in two reads as two names). Columns nothing fills (BatchNorm in a transformer,
-    group and lr without an optimizer) are left out."""
+    group and lr without an optimizer) are left out. What matters most is on the left
+    (name, state, params); a narrow width hides BatchNorm, group, type and lr, in that
+    order."""
     with_bn = any(row.bn for row in report.rows)
     with_groups = bool(report.groups)
     columns: list[tuple[str, JustifyMethod]] = [
         ("module", "left"),
-        ("type", "left"),
-        ("params", "right"),
         ("state", "left"),
+        ("params", "right"),
+        ("type", "left"),
     ]
+    columns += [("lr", "right"), ("group", "left")] if with_groups else []
     columns += [("BatchNorm", "left")] if with_bn else []
-    columns += [("group", "left"), ("lr", "right")] if with_groups else []
     # the group column gives way when the rest do not fit (its labels wrap at spaces);
     # names, numbers and the BatchNorm counts stay on one line
     whole = [name for name, _ in columns if name != "group"]
-    drawn = table(f"{report.model_name} ({report.model_kind})", columns, whole)
+    hide = [name for name in ("BatchNorm", "group", "lr", "type") if name in dict(columns)]
+    drawn = table(f"{report.model_name} ({report.model_kind})", columns, whole, hide)
     for row in report.rows:
         name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
         cells: list[RenderableType] = [
             Padding(name, (0, 0, 0, 2 * row.depth)),  # an indent, not spaces to wrap at
-            f"{row.kind} · lora r={row.lora_rank}" if row.lora_rank else row.kind,
-            human(row.params) if row.params else "",
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+            human(row.params) if row.params else "",
+            f"{row.kind} · lora r={row.lora_rank}" if row.lora_rank else row.kind,
         ]
-        if with_bn:
-            cells.append(" ".join(f"{mode} {n}" for mode, n in row.bn.items()))
         if with_groups:
             labels = [group_label(report.groups[i]) for i in row.groups]
-            cells += [_group_cell(labels), _lr_range(report.lrs(row))]
+            cells += [_lr_range(report.lrs(row)), _group_cell(labels)]
+        if with_bn:
+            cells.append(" ".join(f"{mode} {n}" for mode, n in row.bn.items()))
         drawn.add_row(*cells)
     c = report.counts
     parts: list[RenderableType] = [drawn]
@@ -296,15 +300,16 @@ def history(
         return Rendered(Text(text, style=theme.style("dim")), width)
     drawn = table(
         "torchmagic history",
-        [("#", "right"), ("command", "left"), ("model", "left"), ("modules", "left"), ("", "left")],
+        [("#", "right"), ("command", "left"), ("modules", "left"), ("model", "left"), ("", "left")],
         whole=("#", "model"),
+        hide=("model", "modules", 4),  # 4: the stale marker
     )
     for e in entries:
         drawn.add_row(
             str(e.index),
             e.command,
-            e.model_name,
             _names(e.modules),
+            e.model_name,
             "" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
         )
     if undone:
@@ -322,14 +327,15 @@ class ManifestHelp:
 def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     drawn = table(
         f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
-        [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
+        [("magic", "left"), ("what it does", "left"), ("usage", "left"), ("example", "left")],
         whole=("magic",),
+        hide=("example", "usage"),
         show_lines=True,
     )
     for magic in manifest["magics"]:
         prefix = "%%" if magic["kind"] == "cell" else "%"
         drawn.add_row(
-            f"{prefix}{magic['name']}", magic["usage"], magic["summary"], magic["example"]
+            f"{prefix}{magic['name']}", magic["summary"], magic["usage"], magic["example"]
         )
     return Rendered(drawn, width)
 

@@ -44,7 +44,8 @@ def lr_text(lrs: Sequence[float], names: Sequence[str]) -> str:
 
 def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
     """One row per epoch; validation columns only when a run validated, and one lr
-    column per group (named) when the groups' lrs differ."""
+    column per group (named) when the groups' lrs differ. A narrow width hides
+    samples/s, time and the lrs of all groups but the first, in that order."""
     validated = any(m.val_loss is not None or m.val_accuracy is not None for m in epochs)
     per_group = any(len(set(m.lrs)) > 1 for m in epochs)
     names = group_names(max(epochs, key=lambda m: len(m.lrs))) if epochs else ()
@@ -53,11 +54,12 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
         "epoch",
         "train loss",
         *(["val loss", "val acc"] if validated else []),
-        "samples/s",
-        "time (s)",
         *lr_columns,
+        "time (s)",
+        "samples/s",
     ]
-    drawn = table(title or None, [(c, "right") for c in columns], whole=("epoch",))
+    hide = ["samples/s", "time (s)", *reversed(lr_columns[1:])]
+    drawn = table(title or None, [(c, "right") for c in columns], whole=("epoch",), hide=hide)
     for m in epochs:
         rate = m.samples / m.seconds if m.seconds else 0.0
         lrs = [lr(value) for value in m.lrs] if per_group else [lr_text(m.lrs, ())]
@@ -65,9 +67,9 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
             str(m.epoch),
             _num(m.train_loss),
             *([_num(m.val_loss), _pct(m.val_accuracy)] if validated else []),
-            human(rate),
-            f"{m.seconds:.1f}",
             *lrs,
+            f"{m.seconds:.1f}",
+            human(rate),
         )
     return drawn
 
@@ -146,7 +148,12 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
     """Every %fit of the session side by side: one column per run."""
     if not histories:
         return HistoryView(Text("no %fit runs yet", style=theme.style("dim")), [], width)
-    drawn = table("%fit runs", [("", "left"), *((h.label, "right") for h in histories)], whole=(0,))
+    drawn = table(
+        "%fit runs",
+        [("", "left"), *((h.label, "right") for h in histories)],
+        whole=(0,),
+        hide=range(1, len(histories)),  # the oldest runs first
+    )
     last = [h.epochs[-1] if h.epochs else None for h in histories]
     rows = [
         ("model", [h.model_name for h in histories]),
