@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from functools import singledispatch
 
-from rich.console import Group
 from rich.text import Text
 
 from ..core.devices.batch_size import BatchSizeReport
@@ -64,11 +63,12 @@ def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
 
 
 def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
-    """The recipe's commands in order, then its two runs side by side (with the chart)."""
-    steps = [result.freeze, result.unfreeze]
-    parts = [surgery.change(c, width).renderable for c in steps if c is not None]
-    runs = [h for h in (result.head_fit, result.full_fit) if h is not None]
-    return training.HistoryView(Group(*parts, training.fits(runs, width).renderable), runs, width)
+    """The recipe as it ran: the freeze, the head's run, the unfreeze, the full run (the
+    chart draws both runs)."""
+    steps = [(result.freeze, result.head_fit), (result.unfreeze, result.full_fit)]
+    return training.fine_tune_runs(
+        [(surgery.change(c, width).renderable, run) for c, run in steps if c is not None], width
+    )
 
 
 def _cell_memory(result: CellMemory, width: int | None = None) -> Rendered:

@@ -93,6 +93,7 @@ class FitStart:
     precision: str
     cached_features: bool
     schedules: tuple[ScheduleChoice, ...]
+    held: tuple[str, ...] = ()  # schedulers bound to the optimizer that the run never steps
 
 
 @dataclass(frozen=True)
