@@ -32,6 +32,7 @@ def chart_svg(result: LrFindResult) -> str:
         return ""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return ""
     fig = Figure(figsize=(5, 2.8))
@@ -53,6 +54,8 @@ def chart_svg(result: LrFindResult) -> str:
             label=f"suggestion {lr(suggestion)}",
         )
     ax.set_xscale("log")
+    # lrs as the text writes them (1e-5, 0.001), full size: no raised exponent in small type
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: lr(value)))
     if result.smoothed[0] > 0:  # the divergence at the end goes off the top
         ax.set_ylim(top=result.smoothed[0] * 1.5)
     ax.set_xlabel(lr_axis(result), fontsize=LABEL_SIZE, color=INK)
