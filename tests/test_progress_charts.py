@@ -111,8 +111,10 @@ def test_lr_find_draws_its_curve_in_text_with_the_suggestion_marked():
     plot = lines[lines.index(axis) - lr_find_view.CURVE_ROWS : lines.index(axis)]
     assert all("┤" in row or "│" in row for row in plot)
     top = min(max(result.smoothed), 1.5 * result.smoothed[0])  # the divergence goes off it
-    assert plot[0].split("┤")[0].strip() == f"{top:.3g}"
-    assert plot[-1].split("┤")[0].strip() == f"{min(result.smoothed):.3g}"
+    assert [plot[0].split("┤")[0].strip(), plot[-1].split("┤")[0].strip()] == [
+        f"{top:.3f}",  # the same decimals: 3 digits for the lower one
+        f"{min(result.smoothed):.3f}",
+    ]
     mark = axis.index("▲")
     heavy = [i for i, c in enumerate(axis) if c == "━"]
     assert heavy[0] < mark < heavy[-1]  # inside the range where the loss falls

@@ -395,6 +395,7 @@ def test_columns_keep_their_decimals_and_lrs_their_width():
 
     assert numbers([2.314, 2.234, 2.2, 2.177]) == ["2.314", "2.234", "2.200", "2.177"]
     assert numbers([2.3, None, 0.0123]) == ["2.30000", "", "0.01230"]
+    assert [render.training.lr_fixed(v) for v in (0.1, 2.5e-3, 0.0)] == ["1.00e-1", "2.50e-3", "0"]
     lrs = (1e-3, 5e-4, 9.29e-6, 0.1)
     epochs = tuple(
         EpochMetrics(i + 1, loss, None, None, 8, 1.0, (lr,))

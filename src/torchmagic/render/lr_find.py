@@ -21,6 +21,7 @@ from . import theme
 from .base import Rendered, lr
 from .chart import INK, LABEL_SIZE, TICK_SIZE, figure_svg
 from .theme import ROLES
+from .training import numbers
 
 _RAW, _SMOOTH, _MARK = (ROLES[role].fallback for role in ("dim", "accent", "warning"))
 
@@ -98,7 +99,7 @@ class TextCurve:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         result = self.result
         low, high = self._span()
-        top, bottom = f"{high:.3g}", f"{low:.3g}"
+        top, bottom = numbers([high, low], significant=3)
         margin = max(len(top), len(bottom)) + 1
         columns = max(10, min(CURVE_MAX_WIDTH, options.max_width - margin - 1))
         dots = 4 * CURVE_ROWS

@@ -22,25 +22,27 @@ SIGNIFICANT = 4  # digits of a loss; a column's smallest value keeps that many
 MAX_DECIMALS = 6
 
 
-def decimals(values: Iterable[float | None]) -> int:
-    """The decimals that give a column's smallest non-zero value ``SIGNIFICANT`` digits
+def decimals(values: Iterable[float | None], significant: int = SIGNIFICANT) -> int:
+    """The decimals that give a column's smallest non-zero value ``significant`` digits
     (at most ``MAX_DECIMALS``): every number of the column is written with them, so
     2.314 is followed by 2.200, not 2.2."""
     sizes = [abs(v) for v in values if v is not None and math.isfinite(v) and v != 0]
     if not sizes:
-        return SIGNIFICANT - 1
-    return max(0, min(MAX_DECIMALS, SIGNIFICANT - 1 - math.floor(math.log10(min(sizes)))))
+        return significant - 1
+    return max(0, min(MAX_DECIMALS, significant - 1 - math.floor(math.log10(min(sizes)))))
 
 
-def numbers(values: Sequence[float | None]) -> list[str]:
+def numbers(values: Sequence[float | None], significant: int = SIGNIFICANT) -> list[str]:
     """A column of numbers with the same decimals (blank where a value is missing)."""
-    places = decimals(values)
+    places = decimals(values, significant)
     return ["" if v is None else f"{v:.{places}f}" for v in values]
 
 
 def lr_fixed(value: float) -> str:
     """An lr in a column: always ``d.dde-N`` (1.00e-3, 9.29e-6), so a column of lrs keeps
-    its width and its digits while a schedule moves it."""
+    its width and its digits while a schedule moves it; 0 (a schedule's end) is "0"."""
+    if value == 0:
+        return "0"
     mantissa, exponent = f"{value:.2e}".split("e")
     return f"{mantissa}e{int(exponent)}"
 
