@@ -209,7 +209,8 @@ class FitProgress:
             following = len(self.epochs) + 1
             if total and following > total:
                 return BarLine(1.0, f"epoch {total}/{total} · finishing…")
-            return BarLine(0.0, f"epoch {following}/{total} · starting…")
+            of = f"/{total}" if total else ""
+            return BarLine(0.0, f"epoch {following}{of} · starting…")
         if self.validating is not None:
             batches = self.validating[1]
             what = f"validating on {batches} batches…" if batches else "validating…"
