@@ -310,8 +310,9 @@ def throughput(
             result = ip.run_cell(f"%fit train_loader --epochs {epochs}")
         result.raise_error()
         fits = tm_magic().fits
-        if len(fits) != before + 1 or "completed" not in captured.stdout:
-            raise RuntimeError(f"%fit did not complete: {captured.stdout[-500:]}")
+        shown = captured.outputs[-1].data["text/plain"] if captured.outputs else ""
+        if len(fits) != before + 1 or "completed" not in shown:  # the result, where it drew
+            raise RuntimeError(f"%fit did not complete: {shown[-500:]}{captured.stdout[-500:]}")
         magic_outputs.append(len(captured.outputs))
         return fits[-1].samples, fits[-1]
 

@@ -206,6 +206,7 @@ def test_the_first_line_of_the_run_says_when_each_scheduler_steps():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     one_cycle = S.OneCycleLR(opt, max_lr=0.1, total_steps=6)
     Session(model, opt, schedulers=[one_cycle]).fit(six_batches(), observer=progress)
+    progress.finish()
     first = out.getvalue().splitlines()[0]
     assert "fit 1 · model · fp32 · 1 epoch" in first
     assert "OneCycleLR per batch (counts optimizer steps)" in first

@@ -192,12 +192,11 @@ def test_progress_counts_lr_find_in_steps_not_epochs():
     tm, *_ = setup(scheduler=False)
     progress = FitProgress(clock=lambda: 0.0)
     progress.refresh_seconds = 0.0
-    progress.close = lambda: None
     tm.lr_find(loader(), steps=25, observer=progress)  # 10 batches per pass: 2.5 passes
-    first, last = str(Rendered(progress.summary(), 100)).splitlines()
-    assert first.startswith("lr_find · model · fp32 · max 25 steps")
+    first, last = str(Rendered(progress.view(), 100)).splitlines()
+    assert first.startswith("lr_find · model · fp32 · 25 steps · schedulers: none")
     assert "epoch" not in first + last
-    assert last == "lr_find: finished in 00:00"
+    assert last == "25 steps in 00:00"
 
 
 def explode(output, target):

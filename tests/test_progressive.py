@@ -270,6 +270,7 @@ def test_render_progress_history_and_chart_show_unfreezes_and_data_wait():
     history = tm.fit(
         train_loader(), val=val_loader(), epochs=3, unfreeze=["b3"], every=1, observer=progress
     )
+    progress.finish()
     assert "unfroze b3 after epoch 1 at base lr 0.015" in out.getvalue()
     bundle = render(history)._repr_mimebundle_()
     assert "unfroze b3 after epoch 1" in bundle["text/plain"]

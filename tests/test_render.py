@@ -319,10 +319,10 @@ def test_progress_line_tells_the_whole_story():
     text = str(handle.drawn[-1])
     assert "epoch 2/3" in text and "step 30/120" in text
     assert "01:15<03:45" in text  # elapsed<remaining, at this epoch's pace
-    assert "lr head: 0.001, layer4: 1e-4" in text and "0.42 samples/s" in text
-    assert max(map(len, text.splitlines())) <= 100  # two lines: nothing cropped
+    assert "lr head: 1.00e-3, layer4: 1.00e-4" in text and "0.42 samples/s" in text
+    assert max(map(len, text.splitlines())) <= 100  # nothing cropped
     progress.on_step(StepInfo(2, 3, 131, 31, 120, 300.0, 1.4, (1e-3, 1e-3)))
-    assert "lr 0.001 ·" in str(handle.drawn[-1])  # one lr when the groups share it
+    assert "lr 1.00e-3 ·" in str(handle.drawn[-1])  # one lr when the groups share it
 
 
 def test_validation_is_shown_while_it_runs():
@@ -334,22 +334,148 @@ def test_validation_is_shown_while_it_runs():
     assert "7/8" not in str(handle.drawn[-1])  # no stale bar
 
 
-def test_finished_output_appears_once():
-    """Each epoch end is drawn at once; at the end the live area shrinks to one line,
-    the table being the cell's result."""
+def test_closing_leaves_the_table_and_one_line_and_finish_puts_the_result_there():
+    """Each epoch end is drawn at once; when the run closes the live block becomes one
+    line; ``finish`` draws the result in the same output: the run's facts once."""
     handle, clock = _Handle(), _Clock()
     progress = render.NotebookProgress(handle.show, 100, clock=clock)
     progress.on_step(StepInfo(1, 2, 485, 485, 500, 10.0, 0.5, (0.1,)))
     progress.on_epoch(EpochMetrics(1, 0.5, 0.4, 0.75, 5000, 9.0, (0.1,)))
     after_epoch = str(handle.drawn[-1])
     assert "485/500" not in after_epoch and "75.0%" in after_epoch
-    assert "epoch 2/2" in after_epoch
-    drawn_before_close = len(handle.drawn)
+    assert "epoch 2/2 · starting…" in after_epoch
     clock.now = 20.0
+    progress.on_stop("interrupted; the last completed step is 485")
     progress.close()
-    assert len(handle.drawn) == drawn_before_close + 1  # the same output, updated
-    (last,) = str(handle.drawn[-1]).splitlines()
-    assert last == "%fit: 1 of 2 epochs in 00:20 · train loss 0.5 · val acc 75.0%"
+    closed = str(handle.drawn[-1]).splitlines()
+    assert (
+        closed[-1]
+        == "1 of 2 epochs in 00:20 · stopped: interrupted; the last completed step is 485"
+    )
+    assert sum("75.0%" in line for line in closed) == 1 and "epochs done" not in str(closed)
+    drawn = len(handle.drawn)
+    history = FitHistory(
+        "fit 1", "m", (EpochMetrics(1, 0.5, 0.4, 0.75, 5000, 9.0, (0.1,)),), 485, 5000, 20.0
+    )
+    result = render.render(history, 100)
+    progress.finish(result)
+    assert len(handle.drawn) == drawn + 1 and handle.drawn[-1] is result  # the same output
+    progress.finish()  # without a result: the output stays as the run left it
+    assert len(handle.drawn) == drawn + 1
+
+
+def _block(view: render.Rendered, table_rows: int) -> list[str]:
+    """The live block: the lines after the start line and the epoch table."""
+    lines = str(view).splitlines()
+    return lines[1 + (table_rows + 2 if table_rows else 0) :]
+
+
+def test_the_live_block_keeps_its_height_and_shows_the_whole_run():
+    """A run bar (epochs done / total, elapsed<remaining for the run), the epoch's bar
+    and the numbers: three lines from the start, while validating and between epochs."""
+    from torchmagic.core.training.fit import FitStart
+
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 100, clock=clock)
+    progress.on_start(FitStart("fit 1", "m", 4, None, "fp32", False, ()))
+    starting = _block(handle.drawn[-1], 0)
+    assert starting[0].endswith("0/4 epochs done · run 00:00")
+    assert "epoch 1/4 · starting…" in starting[1]
+    clock.now = 30.0
+    progress.on_step(StepInfo(1, 4, 5, 5, 10, 100.0, 2.0, (0.1,)))
+    stepping = _block(handle.drawn[-1], 0)
+    # half of one epoch of four in 30 s: 4 minutes for the run, 3:30 left
+    assert stepping[0].endswith("0/4 epochs done · run 00:30<03:30")
+    assert stepping[1].endswith("epoch 1/4 · step 5/10 · 00:30<00:30")
+    clock.now = 60.0
+    progress.on_validation_start(1, 3)
+    validating = _block(handle.drawn[-1], 0)
+    assert "validating on 3 batches" in validating[1]
+    clock.now = 80.0
+    progress.on_epoch(EpochMetrics(1, 2.0, 1.9, 0.5, 50, 60.0, (0.1,)))
+    between = _block(handle.drawn[-1], 1)
+    assert between[0].endswith("1/4 epochs done · run 01:20<04:00")
+    assert "epoch 2/4 · starting…" in between[1]
+    assert between[2].startswith("loss 2.000 · lr 1.00e-1")  # the last numbers, dimmed
+    heights = {len(b) for b in (starting, stepping, validating, between)}
+    assert heights == {3}
+    bars = [line.split(" ")[0] for line in (*stepping[:2], between[0])]
+    assert [bar.count("━") for bar in bars] == [4, 15, 8]  # 1/8, 1/2, 1/4 of 30
+
+
+def test_a_new_run_starts_a_new_count():
+    """%fine_tune sends two runs to one observer: each counts its own epochs."""
+    from torchmagic.core.training.fit import FitStart
+
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 100, clock=clock)
+    progress.on_start(FitStart("fit 1", "m", 1, None, "fp32", False, ()))
+    progress.on_epoch(EpochMetrics(1, 2.0, 1.9, 0.5, 50, 6.0, (0.1,)))
+    progress.close()
+    assert str(handle.drawn[-1]).splitlines()[-1] == "1 of 1 epoch in 00:00"
+    progress.on_start(FitStart("fit 2", "m", 2, None, "fp32", False, ()))
+    assert "0/2 epochs done" in str(handle.drawn[-1])
+    for epoch in (1, 2):
+        progress.on_epoch(EpochMetrics(epoch, 1.0, 0.9, 0.7, 50, 6.0, (0.1,)))
+    progress.close()
+    text = str(handle.drawn[-1])
+    assert text.splitlines()[0].startswith("fit 2 · m") and "fit 1" not in text
+    assert text.splitlines()[-1] == "2 of 2 epochs in 00:00"
+
+
+def test_a_narrow_live_view_shortens_its_bars_not_its_words():
+    handle, clock = _Handle(), _Clock()
+    progress = render.NotebookProgress(handle.show, 60, clock=clock)
+    progress.on_step(StepInfo(1, 3, 130, 30, 120, 0.42, 1.5, (1e-3,)))
+    lines = str(handle.drawn[-1]).splitlines()
+    assert len(lines) == 3 and max(map(len, lines)) <= 60
+    assert lines[1].endswith("epoch 1/3 · step 30/120 · 00:00<00:00")
+
+
+def test_lr_find_progress_names_the_bound_schedulers():
+    from torchmagic.core.training.fit import FitStart
+
+    handle = _Handle()
+    progress = render.NotebookProgress(handle.show, 120, clock=_Clock())
+    progress.on_start(
+        FitStart("lr_find", "m", 0, 100, "fp32", False, (), held=("CosineAnnealingLR",))
+    )
+    progress.on_step(StepInfo(1, 1, 25, 25, 100, 10.0, 2.0, (1e-4,)))
+    first, bar, numbers = str(handle.drawn[-1]).splitlines()
+    assert first == (
+        "lr_find · m · fp32 · 100 steps · "
+        "schedulers: CosineAnnealingLR (not stepped; restored after)"
+    )
+    assert bar.endswith("step 25/100 · 00:00<00:00") and "epoch" not in bar
+    assert numbers.startswith("loss 2.000 · lr 1.00e-4")
+
+
+def test_columns_keep_their_decimals_and_lrs_their_width():
+    from torchmagic.render.training import numbers
+
+    assert numbers([2.314, 2.234, 2.2, 2.177]) == ["2.314", "2.234", "2.200", "2.177"]
+    assert numbers([2.3, None, 0.0123]) == ["2.30000", "", "0.01230"]
+    assert [render.training.lr_fixed(v) for v in (0.1, 2.5e-3, 0.0)] == ["1.00e-1", "2.50e-3", "0"]
+    lrs = (1e-3, 5e-4, 9.29e-6, 0.1)
+    epochs = tuple(
+        EpochMetrics(i + 1, loss, None, None, 8, 1.0, (lr,))
+        for i, (loss, lr) in enumerate(zip((2.314, 2.234, 2.2, 2.177), lrs, strict=True))
+    )
+    text = str(render.fit_history(FitHistory("fit 1", "m", epochs, 4, 32, 4.0), 100))
+    rows = [line for line in text.splitlines() if "│" in line]
+    assert [row.split("│")[1].strip() for row in rows] == ["2.314", "2.234", "2.200", "2.177"]
+    assert [row.split("│")[2].strip() for row in rows] == [  # the lr column, after the loss
+        "1.00e-3",
+        "5.00e-4",
+        "9.29e-6",
+        "1.00e-1",
+    ]
+    # the live table: the lr column is as wide after the schedule moved the lr as before
+    widths = []
+    for shown in range(1, 5):
+        drawn = str(render.Rendered(render.training.epoch_table(epochs[:shown]), 100))
+        widths.append(len(drawn.splitlines()[0]))
+    assert len(set(widths)) == 1
 
 
 def test_epoch_table_names_groups_and_explains_time():
@@ -360,7 +486,7 @@ def test_epoch_table_names_groups_and_explains_time():
     assert "val acc" not in header  # no validation, no empty columns
 
 
-def test_terminal_progress_is_transient_and_ends_with_a_summary():
+def test_terminal_progress_is_transient_and_finish_prints_the_result_once():
     import io
 
     from rich.console import Console
@@ -374,9 +500,29 @@ def test_terminal_progress_is_transient_and_ends_with_a_summary():
     raw = out.getvalue()
     assert "\x1b[2K" in raw  # the live lines are erased…
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw)
-    assert "step 3/10" in text and "loss 0.5" in text
-    summary = "%fit: 1 of 2 epochs in 00:00 · train loss 0.5 · val acc 75.0%"
-    assert text.rstrip().endswith(summary)  # …and the summary stays
+    assert "step 3/10" in text and "loss 0.500" in text
+    erased = len(out.getvalue())
+    history = FitHistory(
+        "fit 1", "m", (EpochMetrics(1, 0.5, 0.4, 0.75, 100, 1.0, (1e-3,)),), 3, 100, 1.0
+    )
+    progress.finish(render.render(history, 100))
+    printed = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()[erased:])
+    assert printed.startswith("fit 1 · m · fp32 · 3 steps")  # …and the result is printed once
+    assert printed.count("75.0%") == 1 and "epochs done" not in printed
+
+
+def test_terminal_progress_without_a_result_prints_each_run_as_it_ended():
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    progress = render.TerminalProgress(console=Console(file=out, width=100), clock=_Clock())
+    progress.on_step(StepInfo(1, 2, 3, 3, 10, 120.0, 0.5, (1e-3,)))
+    progress.on_epoch(EpochMetrics(1, 0.5, 0.4, 0.75, 100, 1.0, (1e-3,)))
+    progress.close()
+    progress.finish()
+    assert out.getvalue().rstrip().endswith("1 of 2 epochs in 00:00")
 
 
 def test_html_marks_the_key_columns_ui_check_looks_for():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from contextlib import ExitStack
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
@@ -14,7 +15,10 @@ from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
 from ..core.training.amp import MODES
 from ..core.training.recipe import SCHEDULES
-from .base import OPT, Subcommand, TopicMagics, parse, subcommands
+from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, subcommands
+from .shown import ShownResult
+
+Progress = render.TerminalProgress | render.NotebookProgress
 
 _MODE_WORDS = f"[{'|'.join(MODES)}]"
 
@@ -192,9 +196,10 @@ class TrainingMagics(TopicMagics):
         on the validation loss) and the %amp policy, with live progress; returns the
         history and keeps it for %tm fits."""
         args = parse(self.fit, line)
-        with self.refusals(self.fit):
+
+        def run(progress: Progress) -> object:
             model, train = self._model_and_loader(args.names)
-            history = self.session.fit(
+            return self.session.fit(
                 train,
                 model=model,
                 val=args.val,
@@ -204,7 +209,7 @@ class TrainingMagics(TopicMagics):
                 cache_features=args.cache_features,
                 sched_step=args.sched_step,
                 optimizer=args.optimizer,
-                observer=self._progress(),
+                observer=progress,
                 unfreeze=args.unfreeze or (),
                 every=args.every,
                 patience=args.patience,
@@ -215,7 +220,8 @@ class TrainingMagics(TopicMagics):
                 accumulate=args.accumulate,
                 clip=args.clip,
             )
-        return render.render(history, self.width)
+
+        return self._shown(self.fit, run)
 
     @magic_arguments()
     @MODEL_AND_TRAIN
@@ -236,9 +242,10 @@ class TrainingMagics(TopicMagics):
         suggestion; afterwards weights, optimizer, schedulers, BatchNorm statistics, the
         scaler and the random state are exactly as before."""
         args = parse(self.lr_find, line)
-        with self.refusals(self.lr_find):
+
+        def run(progress: Progress) -> object:
             model, train = self._model_and_loader(args.names)
-            result = self.session.lr_find(
+            return self.session.lr_find(
                 train,
                 model=model,
                 start=args.start,
@@ -246,10 +253,11 @@ class TrainingMagics(TopicMagics):
                 steps=args.steps,
                 apply=args.apply,
                 optimizer=args.optimizer,
-                observer=self._progress(),
+                observer=progress,
                 loss=args.loss,
             )
-        return render.render(result, self.width)
+
+        return self._shown(self.lr_find, run)
 
     @magic_arguments()
     @MODEL_AND_TRAIN
@@ -290,9 +298,10 @@ class TrainingMagics(TopicMagics):
         lr=X/100:X, fit --epochs; --schedule one-cycle runs each fit under its own
         OneCycleLR."""
         args = parse(self.fine_tune, line)
-        with self.refusals(self.fine_tune):
+
+        def run(progress: Progress) -> object:
             model, train = self._model_and_loader(args.names)
-            result = self.session.fine_tune(
+            return self.session.fine_tune(
                 train,
                 val=args.val,
                 epochs=args.epochs,
@@ -301,13 +310,14 @@ class TrainingMagics(TopicMagics):
                 model=model,
                 loss=args.loss,
                 optimizer=args.optimizer,
-                observer=self._progress(),
+                observer=progress,
                 accumulate=args.accumulate,
                 clip=args.clip,
                 schedule=args.schedule,
                 bn=args.bn,
             )
-        return render.render(result, self.width)
+
+        return self._shown(self.fine_tune, run)
 
     def _model_and_loader(self, names: list[str]) -> tuple[str | None, str]:
         """``[MODEL] TRAIN_LOADER``: the model variable (None: the current model), the loader."""
@@ -315,7 +325,22 @@ class TrainingMagics(TopicMagics):
             raise TorchMagicError("one model and one training loader", param="names")
         return (names[0], names[1]) if len(names) == 2 else (None, names[0])
 
-    def _progress(self) -> render.TerminalProgress | render.NotebookProgress:
+    def _shown(self, magic: MagicFunction, run: Callable[[Progress], object]) -> ShownResult:
+        """``run`` with live progress; its result then drawn where the progress was (also
+        when the magic is not the cell's last line) and returned, shown once per cell.
+        When ``run`` fails the progress stays as the run left it."""
+        progress = self._progress()
+        try:
+            with self.refusals(magic):
+                result = run(progress)
+        except BaseException:
+            progress.finish()
+            raise
+        view = render.render(result, self.width)
+        progress.finish(view)
+        return ShownResult(view, self.shell)
+
+    def _progress(self) -> Progress:
         """A live bar in a terminal; a display updated in place in a notebook."""
         if self.shell.__class__.__name__ == "TerminalInteractiveShell":
             return render.TerminalProgress(self.width)

@@ -67,20 +67,19 @@ def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
 
 
 def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
-    """The recipe's commands in order, then its two runs side by side (with the chart)."""
-    steps = [result.freeze, result.unfreeze]
-    parts: list = [surgery.change(c, width).renderable for c in steps if c is not None]
-    if result.schedule is not None:
-        parts.append(
-            Text(
-                f"each run under its own {result.schedule} schedule: head phase "
-                f"{_phase_text(HEAD_PHASE)}, unfrozen phase {_phase_text(UNFROZEN_PHASE)}; "
-                "after each, every group's lr is its base lr again",
-                style=theme.style("dim"),
-            )
+    """The recipe as it ran: the freeze, the head's run, the unfreeze, the full run (the
+    chart draws both runs); under a one-cycle schedule, what each phase's schedule was."""
+    steps = [(result.freeze, result.head_fit), (result.unfreeze, result.full_fit)]
+    parts = [(surgery.change(c, width).renderable, run) for c, run in steps if c is not None]
+    if result.schedule is not None and parts:
+        note = Text(
+            f"each run under its own {result.schedule} schedule: head phase "
+            f"{_phase_text(HEAD_PHASE)}, unfrozen phase {_phase_text(UNFROZEN_PHASE)}; "
+            "after each, every group's lr is its base lr again",
+            style=theme.style("dim"),
         )
-    runs = [h for h in (result.head_fit, result.full_fit) if h is not None]
-    return training.HistoryView(Group(*parts, training.fits(runs, width).renderable), runs, width)
+        parts[0] = (Group(parts[0][0], note), parts[0][1])
+    return training.fine_tune_runs(parts, width)
 
 
 def _phase_text(phase: OneCyclePhase) -> str:

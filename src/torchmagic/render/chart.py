@@ -3,7 +3,11 @@
 Drawn with matplotlib's object-oriented API (a ``Figure`` saved to a buffer), never
 pyplot, so the user's backend is left as it was. The SVG is inlined with a transparent
 background; axes, ticks and labels use ``currentColor`` (the notebook's text colour), and
-the lines use palette colours that read on light and dark backgrounds alike.
+the lines use palette colours that read on light and dark backgrounds alike. Train and
+validation differ in colour (blue / amber for the first run: apart for colour-blind
+readers too), marker (circle / square) and line (solid / dashed); the legend shows the
+three. Text is sized to read at a 900 px window: the figure is drawn at most 6.4 in
+wide and scales down to the output's width, never wider.
 """
 
 from __future__ import annotations
@@ -18,24 +22,31 @@ from .theme import ROLES
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# drawn in this colour, then written as currentColor: no line uses it
-INK = "#010203"  # drawn in this colour, then written as currentColor
-LINE_COLORS = tuple(ROLES[r].fallback for r in ("accent", "error", "ok", "bn", "warning", "info"))
+INK = "#010203"  # drawn in this colour, then written as currentColor: no line uses it
+# (train, val) colours per run, the first pair blue / amber
+RUN_COLORS = tuple(
+    (ROLES[train].fallback, ROLES[val].fallback)
+    for train, val in (("accent", "warning"), ("bn", "ok"), ("info", "error"))
+)
+TRAIN_STYLE = {"marker": "o", "linestyle": "-"}
+VAL_STYLE = {"marker": "s", "linestyle": "--"}
+TITLE_SIZE, LABEL_SIZE, TICK_SIZE = 10, 9.5, 9  # points
 
 
 def _axes_style(ax, title: str, epochs: Sequence[int]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_title(title, fontsize=9, color=INK)
-    ax.set_xlabel("epoch", fontsize=8, color=INK)
+    ax.set_title(title, fontsize=TITLE_SIZE, color=INK)
+    ax.set_xlabel("epoch", fontsize=LABEL_SIZE, color=INK)
     ax.set_xlim(min(epochs) - 0.25, max(epochs) + 0.25)  # one epoch still gets its tick
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    ax.tick_params(labelsize=7, colors=INK)
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+    ax.tick_params(labelsize=TICK_SIZE, colors=INK)
     ax.set_facecolor("none")
     for spine in ax.spines.values():
         spine.set_color(INK)
     if ax.get_legend_handles_labels()[0]:
-        legend = ax.legend(fontsize=7, frameon=False, labelcolor=INK)
+        legend = ax.legend(fontsize=TICK_SIZE, frameon=False, labelcolor=INK)
         legend.get_frame().set_alpha(0)
 
 
@@ -49,21 +60,25 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
     except ImportError:
         return ""
     with_accuracy = any(m.val_accuracy is not None for h in runs for m in h.epochs)
-    fig = Figure(figsize=(7 if with_accuracy else 3.8, 2.4))
+    fig = Figure(figsize=(6.4 if with_accuracy else 3.6, 2.6))
     fig.patch.set_alpha(0)
     loss_ax, *rest = fig.subplots(1, 2 if with_accuracy else 1, squeeze=False)[0]
     for i, h in enumerate(runs):
-        color = LINE_COLORS[i % len(LINE_COLORS)]
+        train_color, val_color = RUN_COLORS[i % len(RUN_COLORS)]
         xs = [m.epoch for m in h.epochs]
         loss_ax.plot(
-            xs, [m.train_loss for m in h.epochs], "o-", color=color, label=f"{h.label} train"
+            xs,
+            [m.train_loss for m in h.epochs],
+            color=train_color,
+            label=f"{h.label} train",
+            **TRAIN_STYLE,
         )
         if any(m.val_loss is not None for m in h.epochs):
             val = [m.val_loss for m in h.epochs]
-            loss_ax.plot(xs, val, "o--", color=color, label=f"{h.label} val")
+            loss_ax.plot(xs, val, color=val_color, label=f"{h.label} val", **VAL_STYLE)
         if rest and any(m.val_accuracy is not None for m in h.epochs):
             accuracy = [None if m.val_accuracy is None else 100 * m.val_accuracy for m in h.epochs]
-            rest[0].plot(xs, accuracy, "o-", color=color, label=h.label)
+            rest[0].plot(xs, accuracy, color=val_color, label=f"{h.label} val", **VAL_STYLE)
         for event in h.unfreezes:  # the block trains from the next epoch on
             for ax in (loss_ax, *rest):
                 ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color=INK)
@@ -71,7 +86,7 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
                 event.block,
                 (event.epoch + 0.5, 1),
                 xycoords=("data", "axes fraction"),
-                fontsize=6,
+                fontsize=TICK_SIZE,
                 rotation=90,
                 va="top",
                 ha="right",
@@ -95,4 +110,6 @@ def figure_svg(fig: Figure, label: str) -> str:
         fig.savefig(buffer, format="svg", transparent=True, metadata={"Date": None})
     svg = buffer.getvalue()
     svg = svg[svg.index("<svg") :].replace(INK, "currentColor")
+    # as wide as drawn, or the output's width when that is narrower (the text scales)
+    svg = svg.replace("<svg ", '<svg style="max-width:100%;height:auto" ', 1)
     return f'<div class="torchmagic-chart" role="img" aria-label="{label}">{svg}</div>'

@@ -9,16 +9,19 @@ text colour) and the lines use mid-tone colours that read on light and dark them
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import math
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.text import Text
 
 from ..core.training.lr_find import LrFindResult
+from . import theme
 from .base import Rendered, lr
-from .chart import INK, figure_svg
+from .chart import INK, LABEL_SIZE, TICK_SIZE, figure_svg
 from .theme import ROLES
+from .training import numbers
 
 _RAW, _SMOOTH, _MARK = (ROLES[role].fallback for role in ("dim", "accent", "warning"))
 
@@ -30,6 +33,7 @@ def chart_svg(result: LrFindResult) -> str:
         return ""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return ""
     fig = Figure(figsize=(5, 2.8))
@@ -51,15 +55,142 @@ def chart_svg(result: LrFindResult) -> str:
             label=f"suggestion {lr(suggestion)}",
         )
     ax.set_xscale("log")
+    # lrs as the text writes them (1e-5, 0.001), full size: no raised exponent in small type
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: lr(value)))
     if result.smoothed[0] > 0:  # the divergence at the end goes off the top
         ax.set_ylim(top=result.smoothed[0] * 1.5)
-    ax.set_xlabel(f"lr ({result.reference_name})", fontsize=8, color=INK)
-    ax.set_ylabel("loss", fontsize=8, color=INK)
-    ax.tick_params(labelsize=7, colors=INK, which="both")
+    ax.set_xlabel(lr_axis(result), fontsize=LABEL_SIZE, color=INK)
+    ax.set_ylabel("loss", fontsize=LABEL_SIZE, color=INK)
+    ax.tick_params(labelsize=TICK_SIZE, colors=INK, which="both")
     for spine in ax.spines.values():
         spine.set_color(INK)
-    ax.legend(fontsize=7, frameon=False, labelcolor=INK)
+    ax.legend(fontsize=TICK_SIZE, frameon=False, labelcolor=INK)
     return figure_svg(fig, "lr_find chart")
+
+
+def lr_axis(result: LrFindResult) -> str:
+    """The x axis: the lr of the reference group, named as the header names it."""
+    return f"lr (group {result.reference_name})"
+
+
+# braille dots of one character cell: _DOTS[column][row], rows top down
+_DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+CURVE_ROWS = 6
+CURVE_MAX_WIDTH = 64
+
+
+class TextCurve:
+    """The smoothed loss against lr (log x) in braille dots, for a terminal: the range
+    where the loss falls drawn heavy on the axis and the suggestion marked ▲ below it.
+    As wide as the console allows, up to ``CURVE_MAX_WIDTH`` columns of plot."""
+
+    def __init__(self, result: LrFindResult) -> None:
+        self.result = result
+
+    def _span(self) -> tuple[float, float]:
+        """The loss range drawn: from the smoothed minimum to where the chart's top is
+        (the divergence at the end goes off the top)."""
+        smoothed = self.result.smoothed
+        low, high = min(smoothed), max(smoothed)
+        if smoothed[0] > 0:
+            high = min(high, smoothed[0] * 1.5)
+        return low, (high if high > low else low + 1.0)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        result = self.result
+        low, high = self._span()
+        top, bottom = numbers([high, low], significant=3)
+        margin = max(len(top), len(bottom)) + 1
+        columns = max(10, min(CURVE_MAX_WIDTH, options.max_width - margin - 1))
+        dots = 4 * CURVE_ROWS
+        cells = [[0] * columns for _ in range(CURVE_ROWS)]
+        previous: int | None = None
+        for x, value in enumerate(_resampled(result.lrs, result.smoothed, 2 * columns)):
+            if value > high:  # off the top
+                previous = None
+                continue
+            y = round((high - value) / (high - low) * (dots - 1))
+            low_row, high_row = sorted((y, y if previous is None else previous))
+            for row in range(low_row, high_row + 1):  # joined to the column before
+                cells[row // 4][x // 2] |= _DOTS[x % 2][row % 4]
+            previous = y
+        curve = theme.style("accent")
+        for index, row_cells in enumerate(cells):
+            label = top if index == 0 else bottom if index == CURVE_ROWS - 1 else ""
+            line = Text(f"{label:>{margin - 1}} ┤" if label else " " * margin + "│")
+            line.append("".join(chr(0x2800 + c) for c in row_cells).rstrip("\u2800"), curve)
+            yield line
+        yield self._axis(margin, columns)
+        labels = self._labels(margin, columns)
+        name = f"   {lr_axis(result)}"
+        if labels.cell_len + len(name) <= options.max_width:
+            labels.append(name)
+            yield labels
+        else:
+            yield labels
+            yield Text(" " * margin + name.strip(), theme.style("dim"))
+
+    def _column(self, value: float, columns: int) -> int:
+        return _log_positions([self.result.lrs[0], value, self.result.lrs[-1]], columns)[1]
+
+    def _axis(self, margin: int, columns: int) -> Text:
+        result = self.result
+        axis = ["─"] * columns
+        if result.falling is not None:
+            first, last = (self._column(v, columns) for v in result.falling)
+            axis[first : last + 1] = "━" * (last + 1 - first)
+        line = Text(" " * margin + "└")
+        mark = None if result.suggestion is None else self._column(result.suggestion, columns)
+        for index, char in enumerate(axis):
+            if index == mark:
+                line.append("▲", theme.style("warning", bold=True))
+            else:
+                line.append(char, theme.style("ok") if char == "━" else None)
+        return line
+
+    def _labels(self, margin: int, columns: int) -> Text:
+        """The first and last lr under the axis ends, the suggestion under its ▲ (first:
+        the others give way when they would touch it)."""
+        result = self.result
+        width = columns + 1  # the corner, then the axis
+        row = [" "] * width
+
+        def put(start: int, word: str) -> None:
+            start = min(max(0, start), width - len(word))
+            if all(c == " " for c in row[max(0, start - 1) : start + len(word) + 1]):
+                row[start : start + len(word)] = word
+
+        if result.suggestion is not None:
+            word = lr(result.suggestion)
+            put(self._column(result.suggestion, columns) + 1 - len(word) // 2, word)
+        put(0, lr(result.lrs[0]))
+        last = lr(result.lrs[-1])
+        put(width - len(last), last)
+        return Text(" " * margin + "".join(row).rstrip(), theme.style("dim"))
+
+
+def _resampled(lrs: Sequence[float], values: Sequence[float], width: int) -> list[float]:
+    """``values`` at ``width`` lrs evenly spaced on a log scale from the first lr to the
+    last, interpolated linearly in log lr between the measured points."""
+    xs = [math.log10(v) for v in lrs]
+    out, i = [], 0
+    for column in range(width):
+        x = xs[0] + (xs[-1] - xs[0]) * column / max(1, width - 1)
+        while i < len(xs) - 2 and xs[i + 1] < x:
+            i += 1
+        span = xs[i + 1] - xs[i]
+        share = min(max((x - xs[i]) / span, 0.0), 1.0) if span else 0.0
+        out.append(values[i] + (values[i + 1] - values[i]) * share)
+    return out
+
+
+def _log_positions(lrs: Sequence[float], width: int) -> list[int]:
+    """Each lr's position in ``range(width)`` on a log scale from the first to the last."""
+    first, last = math.log10(lrs[0]), math.log10(lrs[-1])
+    span = (last - first) or 1.0
+    return [
+        min(width - 1, max(0, round((math.log10(v) - first) / span * (width - 1)))) for v in lrs
+    ]
 
 
 def _lines(result: LrFindResult) -> list[RenderableType]:
@@ -73,7 +204,12 @@ def _lines(result: LrFindResult) -> list[RenderableType]:
     if result.stopped:
         parts.append(Text(f"stopped early: {result.stopped}", style="dim"))
     if result.suggestion is None:
-        parts.append(Text("no suggestion: the smoothed loss never fell", style="yellow"))
+        parts.append(
+            Text(
+                "no suggestion: the smoothed loss never fell (the lrs are unchanged)",
+                style="yellow",
+            )
+        )
     else:
         line = Text("suggestion ")
         line.append(lr(result.suggestion), style="bold green")
@@ -89,20 +225,26 @@ def _lines(result: LrFindResult) -> list[RenderableType]:
     if result.applied is not None:
         parts.append(
             Text(
-                f"applied: base lr of {result.reference_name} = {lr(result.suggestion or 0)}, "
-                "other groups in proportion (one history entry: undo reverts it)",
+                f"applied: base lr of group {result.reference_name} = "
+                f"{lr(result.suggestion or 0)}, other groups in proportion "
+                "(one history entry: undo reverts it)",
                 style="green",
             )
         )
-    parts.append(Text("weights, optimizer, schedulers and random state restored", style="dim"))
+    bound = f" ({', '.join(result.schedulers)}: not stepped)" if result.schedulers else ""
+    parts.append(
+        Text(f"weights, optimizer, schedulers{bound} and random state restored", style="dim")
+    )
     return parts
 
 
 class LrFindView(Rendered):
-    """The text, with the chart added to the HTML."""
+    """The text with the curve drawn in text; in HTML the chart in its place (the text
+    curve where matplotlib is missing)."""
 
     def __init__(self, result: LrFindResult, width: int | None = None) -> None:
-        super().__init__(Group(*_lines(result)), width)
+        curve = [TextCurve(result)] if len(result.lrs) >= 2 else []
+        super().__init__(Group(*_lines(result), *curve), width)
         self.result = result
 
     def __getattr__(self, name: str) -> Any:
@@ -116,8 +258,9 @@ class LrFindView(Rendered):
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
     ) -> dict[str, str]:
         bundle = super()._repr_mimebundle_(include, exclude)
-        if "text/html" in bundle:
-            bundle["text/html"] += chart_svg(self.result)
+        if "text/html" in bundle and (chart := chart_svg(self.result)):
+            text = Rendered(Group(*_lines(self.result)), self.width)
+            bundle["text/html"] = text._repr_mimebundle_(["text/html"])["text/html"] + chart
         return bundle
 
 

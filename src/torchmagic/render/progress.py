@@ -1,13 +1,18 @@
 """Live %fit progress: one view of the run, drawn in a notebook (a display handle updated
 in place) or in a terminal (a transient rich Live).
 
-The view shows the epochs finished so far and two lines for the one running: a bar with
-epoch, step/total and elapsed<remaining, then loss, lr (per group when they differ) and
-samples/s. While validation runs it says so. At the end the live area is replaced by one
-summary line: the epoch table itself is the cell's result, so it appears once.
+The view is the run's first line, the epochs finished so far, and a block of a fixed
+height for what runs now, so the output does not jump between epochs or while validation
+runs: a bar for the whole run (epochs done / total, elapsed<remaining for the run), a bar
+for the epoch (step/total, elapsed<remaining for the epoch; the validating phase), and one
+line of numbers (loss, lr per group when they differ, samples/s, data wait). A run counted
+in steps (lr_find) has one bar: the run's.
 
-Nothing is drawn before the loop's first event, so a %fit refused up front leaves no
-"starting…" above its error. Time comes from ``clock`` (a fake one in tests).
+Each run's ``close`` (the engine's) ends the live block; ``finish`` (the caller's, once,
+after the last run) puts the result where the live view was: the run's facts are then
+said once, by the result. Nothing is drawn before the loop's first event, so a %fit
+refused up front leaves no "starting…" above its error. Time comes from ``clock`` (a
+fake one in tests).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.text import Text
 
@@ -24,9 +29,10 @@ from ..core.training.fit import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Fitted, Rendered, human
-from .training import epoch_table, group_names, lr_text, step_text, unfrozen_text
+from .training import decimals, epoch_table, group_names, lr_text, step_text, unfrozen_text
 
 BAR_WIDTH = 30
+MIN_BAR_WIDTH = 8
 
 
 def clock_text(seconds: float) -> str:
@@ -36,47 +42,84 @@ def clock_text(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def schedulers_text(start: FitStart) -> str:
+    """When each scheduler steps; a run that steps none says what is bound and that it
+    is left as it was (lr_find)."""
+    if start.schedules:
+        return ", ".join(f"{c.name} per {c.every} ({c.reason})" for c in start.schedules)
+    if start.held:
+        return f"{', '.join(start.held)} (not stepped; restored after)"
+    return "none"
+
+
 def _start_text(start: FitStart) -> str:
-    """The run's first line: what trains, and when each scheduler steps."""
-    schedules = ", ".join(f"{c.name} per {c.every} ({c.reason})" for c in start.schedules)
+    """The run's first line: what trains, and what each scheduler does."""
+    steps_word = "max " if start.epochs else ""  # a run counted in steps runs them all
     return (
         f"{start.label} · {start.model_name} · {start.precision}"
         + (" · cached features" if start.cached_features else "")
         + step_text(start.accumulate, start.clip)
-        + (f" · {start.epochs} epoch{'s' if start.epochs != 1 else ''}" if start.epochs else "")
-        + (f" · max {start.max_steps} steps" if start.max_steps is not None else "")
-        + f" · schedulers: {schedules or 'none'}"
+        + (f" · {_plural(start.epochs, 'epoch')}" if start.epochs else "")
+        + (f" · {steps_word}{start.max_steps} steps" if start.max_steps is not None else "")
+        + f" · schedulers: {schedulers_text(start)}"
     )
 
 
-def _bar(done: int, total: int) -> Text:
-    filled = round(BAR_WIDTH * min(done, total) / total) if total else 0
-    return Text.assemble(
-        ("━" * filled, theme.style("bar_done")),
-        ("─" * (BAR_WIDTH - filled), theme.style("bar_todo")),  # thin: tells apart uncoloured
-        " ",
-    )
+class BarLine:
+    """A bar and the words after it on one line: the bar gives way (down to
+    ``MIN_BAR_WIDTH``) so that the words never wrap at a narrow width."""
+
+    def __init__(self, fraction: float | None, words: str) -> None:
+        self.fraction = fraction  # None: no bar (the total is not known)
+        self.words = words
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.fraction is None:
+            yield Text(self.words)
+            return
+        width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, options.max_width - len(self.words) - 1))
+        filled = round(width * min(max(self.fraction, 0.0), 1.0))
+        yield Text.assemble(
+            ("━" * filled, theme.style("bar_done")),
+            ("─" * (width - filled), theme.style("bar_todo")),  # thin: tells apart uncoloured
+            " ",
+            self.words,
+        )
+
+
+def _remaining(elapsed: float, fraction: float) -> str:
+    """elapsed<remaining at the pace so far ('elapsed' alone before any progress)."""
+    if fraction <= 0:
+        return clock_text(elapsed)
+    return f"{clock_text(elapsed)}<{clock_text(elapsed * (1 - min(fraction, 1.0)) / fraction)}"
 
 
 class FitProgress:
-    """The state of a running %fit, and how it reads: ``view()`` while it runs,
-    ``summary()`` once it ends."""
+    """The state of a running %fit, and how it reads (``view()``). Each ``on_start``
+    begins a new run (%fine_tune sends two)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.started = self.epoch_started = clock()
-        self.start: FitStart | None = None
+        self._begin(None)
+
+    def _begin(self, start: FitStart | None) -> None:
+        self.start = start
+        self.started = self.epoch_started = self.clock()
         self.last: StepInfo | None = None
         self.validating: tuple[int, int | None] | None = None  # (epoch, batches)
         self.epochs: list[EpochMetrics] = []
         self.unfrozen: list[Unfrozen] = []
         self.stopped: str | None = None  # why the run ended early
+        self.ended: float | None = None  # the clock when the run closed
 
     # -- events --------------------------------------------------------------------
 
     def on_start(self, start: FitStart) -> None:
-        self.start = start
-        self.started = self.epoch_started = self.clock()
+        self._begin(start)
 
     def on_step(self, info: StepInfo) -> None:
         self.last = info
@@ -96,7 +139,10 @@ class FitProgress:
     def on_stop(self, message: str) -> None:
         self.stopped = message
 
-    # -- drawing -------------------------------------------------------------------
+    def close(self) -> None:
+        self.ended = self.clock()
+
+    # -- reading -------------------------------------------------------------------
 
     @property
     def total_epochs(self) -> int | None:
@@ -104,39 +150,116 @@ class FitProgress:
             return self.start.epochs
         return self.last.epochs if self.last is not None else None
 
-    def _running(self) -> list[Text]:
-        """The lines of the epoch under way (none between epochs)."""
+    @property
+    def counted_in_steps(self) -> bool:
+        """A run that cycles its loader for a number of steps (lr_find): no epochs."""
+        return self.total_epochs == 0
+
+    def _in_epoch(self) -> StepInfo | None:
+        """The last step's snapshot when it belongs to the epoch under way."""
         info = self.last
         finished = self.epochs[-1].epoch if self.epochs else 0
-        if info is None or info.epoch <= finished:
-            following = finished + 1
-            if self.total_epochs is not None and following > self.total_epochs:
-                return []
-            of = f"/{self.total_epochs}" if self.total_epochs else ""
-            return [Text(f"epoch {following}{of} …", style=theme.style("dim"))]
-        elapsed = self.clock() - self.epoch_started
+        return info if info is not None and info.epoch > finished else None
+
+    def run_fraction(self) -> float:
+        """How much of the whole run is done: epochs (with the batches of the one under
+        way), or optimizer steps against ``max_steps``, whichever is further."""
+        total = self.total_epochs or 0
+        info = self._in_epoch()
+        done = float(len(self.epochs))
+        if info is not None and info.batches:
+            done += min(info.batch / info.batches, 1.0)
+        fraction = done / total if total else 0.0
+        max_steps = self.start.max_steps if self.start is not None else None
+        if max_steps and self.last is not None:
+            fraction = max(fraction, self.last.step / max_steps)
+        return min(fraction, 1.0)
+
+    # -- drawing -------------------------------------------------------------------
+
+    def _numbers(self) -> Text:
+        info = self.last
+        if info is None:
+            return Text("loss … · lr … · samples/s …", style=theme.style("dim"))
         numbers = Text(
-            f"loss {info.loss:.4g} · lr {lr_text(info.lrs, group_names(info))} · "
+            f"loss {info.loss:.{decimals([info.loss])}f} · "
+            f"lr {lr_text(info.lrs, group_names(info))} · "
             f"{human(info.samples_per_s)} samples/s"
             + ("" if info.data_wait is None else f" · data wait {100 * info.data_wait:.0f} %")
         )
+        if self._in_epoch() is None and not self.counted_in_steps:
+            numbers.stylize(theme.style("dim"))  # the last epoch's, until a step of this one
+        return numbers
+
+    def _run_line(self) -> BarLine:
+        total = self.total_epochs or 0
+        fraction = self.run_fraction()
+        words = (
+            f"{len(self.epochs)}/{total} epochs done · run {_remaining(self._elapsed(), fraction)}"
+        )
+        return BarLine(fraction, words)
+
+    def _elapsed(self) -> float:
+        return (self.ended if self.ended is not None else self.clock()) - self.started
+
+    def _epoch_line(self) -> BarLine:
+        info = self._in_epoch()
+        elapsed = self.clock() - self.epoch_started
+        total = self.total_epochs
+        if info is None:
+            following = len(self.epochs) + 1
+            if total and following > total:
+                return BarLine(1.0, f"epoch {total}/{total} · finishing…")
+            of = f"/{total}" if total else ""
+            return BarLine(0.0, f"epoch {following}{of} · starting…")
         if self.validating is not None:
             batches = self.validating[1]
             what = f"validating on {batches} batches…" if batches else "validating…"
-            head = Text(f"epoch {info.epoch}/{info.epochs} · {what} · {clock_text(elapsed)}")
-            return [head, numbers]
-        if not info.batches:
-            head = Text(
-                f"epoch {info.epoch}/{info.epochs} · step {info.batch} · {clock_text(elapsed)}"
+            return BarLine(
+                1.0, f"epoch {info.epoch}/{info.epochs} · {what} · {clock_text(elapsed)}"
             )
-            return [head, numbers]
-        remaining = elapsed * (info.batches - info.batch) / info.batch if info.batch else 0.0
-        head = _bar(info.batch, info.batches)
-        head.append(
+        if not info.batches:
+            return BarLine(
+                None,
+                f"epoch {info.epoch}/{info.epochs} · step {info.batch} · {clock_text(elapsed)}",
+            )
+        fraction = info.batch / info.batches
+        return BarLine(
+            fraction,
             f"epoch {info.epoch}/{info.epochs} · step {info.batch}/{info.batches} · "
-            f"{clock_text(elapsed)}<{clock_text(remaining)}"
+            f"{_remaining(elapsed, fraction)}",
         )
-        return [head, numbers]
+
+    def _step_line(self) -> BarLine:
+        """The one bar of a run counted in steps."""
+        info, steps = self.last, self.start.max_steps if self.start is not None else None
+        done = info.step if info is not None else 0
+        if not steps:
+            return BarLine(None, f"step {done} · {clock_text(self._elapsed())}")
+        fraction = done / steps
+        return BarLine(fraction, f"step {done}/{steps} · {_remaining(self._elapsed(), fraction)}")
+
+    def _ended_line(self) -> Text:
+        """What replaces the live block when the run closes."""
+        elapsed = clock_text(self._elapsed())
+        if self.counted_in_steps:
+            steps = f"{self.last.step} steps" if self.last is not None else "finished"
+            line = Text(f"{steps} in {elapsed}", style=theme.style("dim"))
+        else:
+            total = f" of {self.total_epochs}" if self.total_epochs else ""
+            count = f"{len(self.epochs)}{total} epoch{'' if self.total_epochs == 1 else 's'}"
+            line = Text(f"{count} in {elapsed}", style=theme.style("dim"))
+        if self.stopped is not None:  # a partial last epoch is counted: say it was cut
+            line.append(f" · stopped: {self.stopped}")
+        return line
+
+    def running(self) -> list[RenderableType]:
+        """The live block: the same number of lines from the first event to the end."""
+        if self.ended is not None:
+            return [self._ended_line()]
+        if self.counted_in_steps:
+            return [self._step_line(), self._numbers()]
+        return [self._run_line(), self._epoch_line(), self._numbers()]
 
     def view(self) -> RenderableType:
         parts: list[RenderableType] = []
@@ -145,35 +268,8 @@ class FitProgress:
         if self.epochs:
             parts.append(epoch_table(self.epochs))
         parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
-        parts += self._running()
+        parts += self.running()
         return Group(*parts)
-
-    def summary(self) -> RenderableType:
-        """What replaces the live view: the run's first line (what it trained with, how
-        each scheduler steps), the blocks unfrozen on the way, and one line of outcome;
-        the table is the cell's result."""
-        label = self.start.label if self.start is not None else "%fit"
-        total = f" of {self.total_epochs}" if self.total_epochs else ""
-        done = len(self.epochs)
-        count = f"{done}{total} epoch{'s' if (self.total_epochs or done) != 1 else ''} in "
-        if self.total_epochs == 0:  # counted in steps: the result says how many ran
-            count = "finished in "
-        line = Text(
-            f"{label}: {count}{clock_text(self.clock() - self.started)}",
-            style=theme.style("dim"),
-        )
-        if self.epochs:
-            last = self.epochs[-1]
-            line.append(f" · train loss {last.train_loss:.4g}")
-            if last.val_accuracy is not None:
-                line.append(f" · val acc {100 * last.val_accuracy:.1f}%")
-        if self.stopped is not None:  # a partial last epoch is counted: say it was cut
-            line.append(f" · stopped: {self.stopped}")
-        parts: list[RenderableType] = []
-        if self.start is not None:
-            parts.append(Text(_start_text(self.start), style=theme.style("dim")))
-        parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
-        return Group(*parts, line) if parts else line
 
 
 class NotebookProgress:
@@ -193,32 +289,34 @@ class NotebookProgress:
         self.state = FitProgress(clock)
         self.handle: Any = None
 
-    def _draw(self, renderable: RenderableType) -> None:
-        drawn = Rendered(renderable, self.width)
+    def _draw(self, drawn: Rendered) -> None:
         if self.handle is None:
             self.handle = self.show(drawn)
         else:
             self.handle.update(drawn)
 
+    def _redraw(self) -> None:
+        self._draw(Rendered(self.state.view(), self.width))
+
     def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)
-        self._draw(self.state.view())
+        self._redraw()
 
     def on_step(self, info: StepInfo) -> None:
         self.state.on_step(info)
-        self._draw(self.state.view())
+        self._redraw()
 
     def on_validation_start(self, epoch: int, batches: int | None) -> None:
         self.state.on_validation_start(epoch, batches)
-        self._draw(self.state.view())
+        self._redraw()
 
     def on_epoch(self, metrics: EpochMetrics) -> None:
         self.state.on_epoch(metrics)
-        self._draw(self.state.view())
+        self._redraw()
 
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.state.on_unfreeze(event)
-        self._draw(self.state.view())
+        self._redraw()
 
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
@@ -226,18 +324,26 @@ class NotebookProgress:
     def discard(self) -> None:
         """A refused run: the drawing is emptied and ``close`` draws no summary."""
         if self.handle is not None:
-            self._draw(Text(""))
+            self._draw(Rendered(Text(""), self.width))
         self.handle = None
 
     def close(self) -> None:
-        """The live view becomes the one-line summary (nothing, if nothing was drawn)."""
+        """The run ended: the live block becomes one line (nothing, if nothing was drawn)."""
+        self.state.close()
         if self.handle is not None:
-            self._draw(self.state.summary())
+            self._redraw()
+
+    def finish(self, result: Rendered | None = None) -> None:
+        """The output becomes ``result`` (drawn where the live view was, or shown now);
+        None keeps the view as the last run left it."""
+        if result is not None:
+            self._draw(result)
 
 
 class TerminalProgress:
-    """A %fit observer for a terminal: the same view in a transient rich Live, then the
-    summary line. ``width`` None follows the terminal."""
+    """A %fit observer for a terminal: the same view in a transient rich Live. ``finish``
+    prints the result (or, without one, the view each run ended with). ``width`` None
+    follows the terminal."""
 
     refresh_seconds = 0.5
 
@@ -258,6 +364,7 @@ class TerminalProgress:
             vertical_overflow="visible",
         )
         self.running = False
+        self.ended: list[RenderableType] = []  # each closed run's last view
 
     def _draw(self) -> None:
         if not self.running:
@@ -295,7 +402,16 @@ class TerminalProgress:
             self.running = False
 
     def close(self) -> None:
+        """The run ended: its live lines are erased, its last view kept for ``finish``."""
         if self.running:
             self.live.stop()
             self.running = False
-            self.console.print(self.state.summary())
+            self.state.close()
+            self.ended.append(self.state.view())
+
+    def finish(self, result: Rendered | None = None) -> None:
+        """Print ``result``; None prints the view each run ended with."""
+        shown = [result.renderable] if result is not None else self.ended
+        for renderable in shown:
+            self.console.print(Fitted(renderable))
+        self.ended = []

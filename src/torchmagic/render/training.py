@@ -3,7 +3,8 @@ with a chart in HTML) and the AMP status. Live progress is in ``progress``."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,33 @@ from ..core.training.progressive import Unfrozen
 from . import chart, theme
 from .base import Rendered, human, lr, table
 
+SIGNIFICANT = 4  # digits of a loss; a column's smallest value keeps that many
+MAX_DECIMALS = 6
 
-def _num(value: float | None, digits: int = 4) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
+
+def decimals(values: Iterable[float | None], significant: int = SIGNIFICANT) -> int:
+    """The decimals that give a column's smallest non-zero value ``significant`` digits
+    (at most ``MAX_DECIMALS``): every number of the column is written with them, so
+    2.314 is followed by 2.200, not 2.2."""
+    sizes = [abs(v) for v in values if v is not None and math.isfinite(v) and v != 0]
+    if not sizes:
+        return significant - 1
+    return max(0, min(MAX_DECIMALS, significant - 1 - math.floor(math.log10(min(sizes)))))
+
+
+def numbers(values: Sequence[float | None], significant: int = SIGNIFICANT) -> list[str]:
+    """A column of numbers with the same decimals (blank where a value is missing)."""
+    places = decimals(values, significant)
+    return ["" if v is None else f"{v:.{places}f}" for v in values]
+
+
+def lr_fixed(value: float) -> str:
+    """An lr in a column: always ``d.dde-N`` (1.00e-3, 9.29e-6), so a column of lrs keeps
+    its width and its digits while a schedule moves it; 0 (a schedule's end) is "0"."""
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def _pct(value: float | None) -> str:
@@ -36,16 +61,18 @@ def group_names(snapshot: StepInfo | EpochMetrics) -> tuple[str, ...]:
 
 
 def lr_text(lrs: Sequence[float], names: Sequence[str]) -> str:
-    """One lr when every group shares it, else each group's by name."""
+    """One lr when every group shares it, else each group's by name (``lr_fixed``: the
+    live line keeps its width while a schedule moves the lr)."""
     if len(set(lrs)) <= 1:
-        return lr(lrs[0]) if lrs else ""
-    return ", ".join(f"{name}: {lr(value)}" for name, value in zip(names, lrs, strict=True))
+        return lr_fixed(lrs[0]) if lrs else ""
+    return ", ".join(f"{name}: {lr_fixed(value)}" for name, value in zip(names, lrs, strict=True))
 
 
 def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
     """One row per epoch; validation columns only when a run validated, and one lr
-    column per group (named) when the groups' lrs differ. A narrow width hides
-    samples/s, time and the lrs of all groups but the first, in that order."""
+    column per group (named) when the groups' lrs differ. Each column's numbers share
+    their decimals, lrs their format. A narrow width hides samples/s, time and the lrs of
+    all groups but the first, in that order."""
     validated = any(m.val_loss is not None or m.val_accuracy is not None for m in epochs)
     per_group = any(len(set(m.lrs)) > 1 for m in epochs)
     names = group_names(max(epochs, key=lambda m: len(m.lrs))) if epochs else ()
@@ -60,13 +87,15 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
     ]
     hide = ["samples/s", "time (s)", *reversed(lr_columns[1:])]
     drawn = table(title or None, [(c, "right") for c in columns], whole=("epoch",), hide=hide)
-    for m in epochs:
+    train_losses = numbers([m.train_loss for m in epochs])
+    val_losses = numbers([m.val_loss for m in epochs])
+    for m, train_loss, val_loss in zip(epochs, train_losses, val_losses, strict=True):
         rate = m.samples / m.seconds if m.seconds else 0.0
-        lrs = [lr(value) for value in m.lrs] if per_group else [lr_text(m.lrs, ())]
+        lrs = [lr_fixed(v) for v in m.lrs] if per_group else [lr_fixed(m.lrs[0]) if m.lrs else ""]
         drawn.add_row(
             str(m.epoch),
-            _num(m.train_loss),
-            *([_num(m.val_loss), _pct(m.val_accuracy)] if validated else []),
+            train_loss,
+            *([val_loss, _pct(m.val_accuracy)] if validated else []),
             *lrs,
             f"{m.seconds:.1f}",
             human(rate),
@@ -126,7 +155,22 @@ def step_text(accumulate: int, clip: float | None) -> str:
     )
 
 
+def schedules_text(history: FitHistory) -> str:
+    """How each scheduler stepped in the run."""
+    if not history.schedules:
+        return "schedulers: none"
+    return "schedulers: " + ", ".join(
+        f"{c.name} per {c.every} ({c.reason})" for c in history.schedules
+    )
+
+
 def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
+    """One run, each fact once: what trained and how fast (the title), the epochs, how
+    the schedulers stepped, the blocks unfrozen on the way, and how it ended."""
+    return HistoryView(Group(*_history_parts(history)), [history], width)
+
+
+def _history_parts(history: FitHistory) -> list[RenderableType]:
     title = (
         f"{history.label} · {history.model_name} · {history.precision}"
         + (" · cached features" if history.cached_features else "")
@@ -137,11 +181,25 @@ def fit_history(history: FitHistory, width: int | None = None) -> HistoryView:
     if history.data_wait_share is not None:
         title += f" · data wait {100 * history.data_wait_share:.0f} %"
     parts: list[RenderableType] = [epoch_table(history.epochs, title)]
+    parts.append(Text(schedules_text(history), style=theme.style("dim")))
     parts.extend(Text(unfrozen_text(e), style=theme.style("info")) for e in history.unfreezes)
     if history.best_epoch is not None:
         parts.append(Text(f"weights of the best epoch ({history.best_epoch}) kept"))
     parts.append(_ending(history))
-    return HistoryView(Group(*parts), [history], width)
+    return parts
+
+
+def fine_tune_runs(
+    steps: Sequence[tuple[RenderableType, FitHistory | None]], width: int | None = None
+) -> HistoryView:
+    """The recipe in the order it ran: each command's report, then the run after it."""
+    parts: list[RenderableType] = []
+    for report, run in steps:
+        parts.append(report)
+        if run is not None:
+            parts.extend(_history_parts(run))
+    runs = [run for _, run in steps if run is not None]
+    return HistoryView(Group(*parts), runs, width)
 
 
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
@@ -159,8 +217,8 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
         ("model", [h.model_name for h in histories]),
         ("epochs", [str(len(h.epochs)) for h in histories]),
         ("steps", [str(h.steps) for h in histories]),
-        ("train loss", [_num(m.train_loss) if m else "" for m in last]),
-        ("val loss", [_num(m.val_loss) if m else "" for m in last]),
+        ("train loss", numbers([m.train_loss if m else None for m in last])),
+        ("val loss", numbers([m.val_loss if m else None for m in last])),
         ("val acc", [_pct(m.val_accuracy) if m else "" for m in last]),
         ("samples/s", [human(h.samples_per_s) for h in histories]),
         ("time (s)", [f"{h.seconds:.1f}" for h in histories]),

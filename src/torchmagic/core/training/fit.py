@@ -104,6 +104,7 @@ class FitStart:
     schedules: tuple[ScheduleChoice, ...]
     accumulate: int = 1  # loader batches per optimizer step
     clip: float | None = None  # the largest total gradient norm
+    held: tuple[str, ...] = ()  # schedulers bound to the optimizer that the run never steps
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class LrFindResult:
     steps: int  # requested
     stopped: str | None = None  # why it ended before ``steps``, in words
     applied: object | None = None  # the session's Change when apply=True took effect
+    schedulers: tuple[str, ...] = ()  # the bound schedulers (never stepped, left as they were)
 
     @property
     def min_lr(self) -> float | None:
@@ -230,8 +231,11 @@ def find_lr(
     observer = plan.observer
     interrupted: list[int] = []
     precision = plan.amp.status().dtype or "fp32"
+    held = tuple(type(s).__name__ for s in plan.schedulers)
     # epochs 0: a run counted in steps (the loader is cycled), drawn without epochs
-    observer.on_start(FitStart(plan.label, plan.model_name, 0, steps, precision, False, ()))
+    observer.on_start(
+        FitStart(plan.label, plan.model_name, 0, steps, precision, False, (), held=held)
+    )
     observer_start = last_redraw = perf_counter()
     source = plan.batch_source()
     try:
@@ -305,4 +309,5 @@ def find_lr(
         end=float(end),
         steps=steps,
         stopped=stopped,
+        schedulers=held,
     )
