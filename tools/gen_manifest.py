@@ -14,6 +14,7 @@ import argparse
 import inspect
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,22 @@ EXAMPLES = {
     ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
     ("lr_find", "line"): "%lr_find train_loader --apply",
     ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
+}
+# One line each for %tm help's screen: what the magic is for.
+PURPOSES = {
+    ("freeze", "line"): "stop training modules; the optimizer and BatchNorm follow",
+    ("unfreeze", "line"): "train modules again, in their own param groups and lrs",
+    ("replace_head", "line"): "a fresh classification head with N outputs",
+    ("summary", "line"): "the module table: params, trainable, BatchNorm, groups, shapes",
+    ("load_model", "line"): "build a zoo model with its weights, transforms and labels",
+    ("amp", "line"): "mixed precision for the session: status, on, off",
+    ("amp", "cell"): "one cell under autocast",
+    ("fit", "line"): "train with the model's optimizer and schedulers, live progress",
+    ("lr_find", "line"): "the lr range test, everything restored afterwards",
+    ("fine_tune", "line"): "fastai's recipe: the head first, then everything",
+    ("device", "line"): "devices, moving a model with its state, placement checks",
+    ("gpumem", "line"): "memory in use, the peak of a step, the largest batch",
+    ("tm", "line"): "the session: history, undo, current model, fits, doctor, help",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic
@@ -150,7 +167,15 @@ def describe(name: str, func, kind: str) -> dict:
             for e in entries
         ]
     entry["example"] = EXAMPLES[(name, kind)]
+    entry["purpose"] = PURPOSES[(name, kind)]
+    entry["docs"] = f"{documentation()}#{name}"
     return entry
+
+
+def documentation() -> str:
+    """The magics reference's address, from pyproject.toml's project URLs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["urls"]["Documentation"]
 
 
 def config() -> list[dict]:
@@ -180,6 +205,7 @@ def build_manifest() -> dict:
         "load": "%load_ext torchmagic",
         "unload": "%unload_ext torchmagic",
         "python_api": "torchmagic.Session",
+        "documentation": documentation(),
         "config_class": TorchMagics.__name__,
         "config": config(),
         "magics": magics,

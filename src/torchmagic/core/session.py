@@ -17,6 +17,8 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Callable, Container, Iterable, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -177,7 +179,10 @@ class Session:
         if not isinstance(value, str):
             return value
         if value not in self.workspace.namespace:
-            raise TorchMagicError(f"no variable named '{value}' for {param}", param=param)
+            names = [name for name, _ in self.workspace.items()]
+            close = difflib.get_close_matches(value, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise TorchMagicError(f"no variable named '{value}' for {param}{hint}", param=param)
         return self.workspace.namespace[value]
 
     # -- running ---------------------------------------------------------------------
