@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +174,9 @@ def describe(name: str, func, kind: str) -> dict:
 
 def documentation() -> str:
     """The magics reference's address, from pyproject.toml's project URLs."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["urls"]["Documentation"]
+    found = re.search(r'^Documentation = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml names no Documentation URL"
+    return found.group(1)
 
 
 def config() -> list[dict]:

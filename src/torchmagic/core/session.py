@@ -18,7 +18,6 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 from __future__ import annotations
 
 import difflib
-
 from collections.abc import Callable, Container, Iterable, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
