@@ -219,6 +219,7 @@ def _manifest() -> ManifestHelp:
             "name": "torchmagic",
             "version": "0.0.0",
             "load": "%load_ext torchmagic",
+            "documentation": "https://example.org/docs/magics.md",
             "magics": [
                 {
                     "name": "freeze",
@@ -226,6 +227,8 @@ def _manifest() -> ManifestHelp:
                     "usage": "%freeze TARGET... [--dry-run]",
                     "summary": "Stop training the named blocks.",
                     "example": "%freeze layer1-3",
+                    "purpose": "stop training the named blocks",
+                    "docs": "https://example.org/docs/magics.md#freeze",
                 },
                 {
                     "name": "amp",
@@ -233,6 +236,8 @@ def _manifest() -> ManifestHelp:
                     "usage": "%%amp [MODE]",
                     "summary": "Run one cell under autocast.",
                     "example": "%%amp bf16",
+                    "purpose": "one cell under `autocast`",
+                    "docs": "https://example.org/docs/magics.md#amp",
                 },
             ],
         }

@@ -6,11 +6,14 @@ config; ``%tm help`` and the usage lines of error messages read it from here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import textwrap
 from functools import cache
 from importlib import resources
+
+from .core.errors import TorchMagicError
 
 
 @cache
@@ -24,6 +27,20 @@ def magic_entry(name: str, kind: str = "line") -> dict:
         if magic["name"] == name and magic["kind"] == kind:
             return magic
     raise KeyError(f"{kind} magic {name!r} is not in extension.json")
+
+
+def magic_named(typed: str) -> dict:
+    """The entry of the magic ``typed`` names: ``fit``, ``%fit``; ``%%amp`` for a cell
+    magic. An unknown name is a ``TorchMagicError`` naming the closest."""
+    kind = "cell" if typed.startswith("%%") else "line"
+    name = typed.lstrip("%")
+    try:
+        return magic_entry(name, kind)
+    except KeyError:
+        names = [m["name"] for m in load_manifest()["magics"]]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise TorchMagicError(f"no magic named '{typed}'{hint}", param="words") from None
 
 
 def usage(name: str, kind: str = "line") -> str:

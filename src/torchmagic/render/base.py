@@ -240,7 +240,9 @@ def _html_line(line: Sequence[Segment]) -> str:
     for segment in line:
         text = html.escape(segment.text, quote=False)
         rules = theme.css(segment.style) if segment.style else ""
-        parts.append(f'<span style="{rules}">{text}</span>' if rules else text)
+        text = f'<span style="{rules}">{text}</span>' if rules else text
+        link = segment.style.link if segment.style else None
+        parts.append(f'<a href="{html.escape(link)}">{text}</a>' if link else text)
     return "".join(parts)
 
 

@@ -1,9 +1,8 @@
-"""Renderables for the surgery commands: changes, summaries, history and help."""
+"""Renderables for the surgery commands: changes, summaries and history."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from rich.console import Group, JustifyMethod, RenderableType
 from rich.padding import Padding
@@ -294,28 +293,6 @@ def history(
         )
     if undone:
         return Rendered(Group(drawn, Text(_undone(undone), style=theme.style("dim"))), width)
-    return Rendered(drawn, width)
-
-
-@dataclass(frozen=True)
-class ManifestHelp:
-    """The extension's manifest (``manifest.load_manifest()``), shown as the help table."""
-
-    manifest: Mapping
-
-
-def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
-    drawn = table(
-        f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
-        [("magic", "left"), ("usage", "left"), ("what it does", "left"), ("example", "left")],
-        whole=("magic",),
-        show_lines=True,
-    )
-    for magic in manifest["magics"]:
-        prefix = "%%" if magic["kind"] == "cell" else "%"
-        drawn.add_row(
-            f"{prefix}{magic['name']}", magic["usage"], magic["summary"], magic["example"]
-        )
     return Rendered(drawn, width)
 
 

@@ -1,0 +1,84 @@
+"""``%tm help``: every magic on one screen (a line each: the magic, what it is for, its
+link into the reference), and one magic's full usage (``%tm help fit``), both read from
+the manifest."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.text import Text
+
+from . import theme
+from .base import Rendered, table
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+@dataclass(frozen=True)
+class ManifestHelp:
+    """The extension's manifest (``manifest.load_manifest()``), shown as the help screen."""
+
+    manifest: Mapping
+
+
+@dataclass(frozen=True)
+class MagicHelp:
+    """One magic's manifest entry and its help text (``manifest.help_text``)."""
+
+    entry: Mapping
+    text: str
+
+
+def code_text(text: str, style: Style | str = "") -> Text:
+    """``text`` with its `backticked` words drawn as code (the accent colour), the
+    backticks themselves left out."""
+    drawn = Text(style=style)
+    at = 0
+    for found in _CODE.finditer(text):
+        drawn.append(text[at : found.start()])
+        drawn.append(found.group(1), style=theme.style("accent"))
+        at = found.end()
+    return drawn.append(text[at:])
+
+
+def _magic(entry: Mapping) -> str:
+    return f"{'%%' if entry['kind'] == 'cell' else '%'}{entry['name']}"
+
+
+def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
+    """A line per magic; the usage of each is one ``%tm help NAME`` away."""
+    title = Text(f"{manifest['name']} {manifest['version']}", style="bold")
+    title.append(f" · {manifest['load']} · ", style=theme.style("dim"))
+    title.append("%tm help MAGIC", style=theme.style("accent"))
+    title.append(" for a magic's usage", style=theme.style("dim"))
+    columns = [("magic", "left"), ("what it is for", "left"), ("reference", "left")]
+    drawn = table(None, columns, (0, 2), show_header=False, box=None)
+    for magic in manifest["magics"]:
+        anchor = magic["docs"].rpartition("#")[2]
+        drawn.add_row(
+            Text(_magic(magic), style=theme.style("accent", bold=True)),
+            code_text(magic["purpose"]),
+            Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])),
+        )
+    parts: list[RenderableType] = [title, drawn]
+    parts.append(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
+    return Rendered(Group(*parts), width)
+
+
+def magic_help(result: MagicHelp, width: int | None = None) -> Rendered:
+    """The usage text as ``%name?`` shows it, its first line bold, `code` drawn as code."""
+    lines = result.text.splitlines()
+    usage_ends = lines.index("") if "" in lines else 1
+    drawn = []
+    for index, line in enumerate(lines):
+        if index < usage_ends:
+            drawn.append(Text(line, style="bold"))
+        elif line.endswith(":") and not line[:1].isspace():
+            drawn.append(Text(line, style=theme.style("dim")))
+        else:
+            drawn.append(code_text(line))
+    return Rendered(Group(*drawn), width)
