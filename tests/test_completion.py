@@ -299,7 +299,9 @@ def test_load_model_offers_the_zoo_filtered_by_the_prefix(shell) -> None:
 
 
 def test_timm_names_after_the_prefix(shell, monkeypatch) -> None:
-    monkeypatch.setattr(completion, "_timm_models", lambda: ("convnext_atto", "zz_timm_only", "resnet18"))
+    monkeypatch.setattr(
+        completion, "_timm_models", lambda: ("convnext_atto", "zz_timm_only", "resnet18")
+    )
     assert complete(shell, "%load_model timm:conv") == ["timm:convnext_atto"]
     # bare names are timm's too once timm is imported (importing it takes seconds)
     monkeypatch.delitem(sys.modules, "timm", raising=False)

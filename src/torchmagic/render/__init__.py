@@ -40,8 +40,8 @@ from . import (
     zoo,
 )
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
-from .progress import FitProgress, NotebookProgress, TerminalProgress
 from .help import MagicHelp, ManifestHelp, magic_help, manifest_help
+from .progress import FitProgress, NotebookProgress, TerminalProgress
 from .surgery import change, history, message, summary
 from .training import FitRuns, HistoryView, amp_status, fit_history, fits
 
