@@ -219,14 +219,14 @@ def argparse_problem(parser: argparse.ArgumentParser, message: str) -> str:
     if found := _EXPECTED.match(message):
         option = found.group(1)
         action = next((a for a in actions if option in a.option_strings), None)
-        value = action.metavar if action is not None and action.metavar else "a value"
+        value = str(action.metavar) if action is not None and action.metavar else "a value"
         return f"{option} needs {value} after it"
     if message.startswith("the following arguments are required: "):
         missing = message.removeprefix("the following arguments are required: ").split(", ")
-        spelled = []
+        spelled: list[str] = []
         for word in missing:
             action = next((a for a in actions if word in (a.dest, *a.option_strings)), None)
-            metavar = action.metavar if action is not None and action.metavar else ""
+            metavar = str(action.metavar) if action is not None and action.metavar else ""
             spelled.append(f"{word} {metavar}".strip() if word.startswith("-") else metavar or word)
         return f"missing {', '.join(spelled)}"
     return message

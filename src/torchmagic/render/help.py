@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.style import Style
 from rich.text import Text
 
@@ -55,7 +55,11 @@ def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
     title.append(f" · {manifest['load']} · ", style=theme.style("dim"))
     title.append("%tm help MAGIC", style=theme.style("accent"))
     title.append(" for a magic's usage", style=theme.style("dim"))
-    columns = [("magic", "left"), ("what it is for", "left"), ("reference", "left")]
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("magic", "left"),
+        ("what it is for", "left"),
+        ("reference", "left"),
+    ]
     drawn = table(None, columns, (0, 2), show_header=False, box=None)
     for magic in manifest["magics"]:
         anchor = magic["docs"].rpartition("#")[2]
