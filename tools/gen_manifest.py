@@ -34,7 +34,7 @@ EXAMPLES = {
     ("freeze", "line"): "%freeze model.layer1-3",
     ("unfreeze", "line"): "%unfreeze layer3-4 lr=1e-5:1e-4",
     ("replace_head", "line"): "%replace_head auto 10",
-    ("summary", "line"): "%summary model --depth 1",
+    ("summary", "line"): "%summary model --depth 1 --input-shape 1,3,224,224",
     ("amp", "line"): "%amp on bf16",
     ("amp", "cell"): "%%amp bf16",
     ("fit", "line"): "%fit train_loader --val val_loader --epochs 9 --unfreeze layer4,layer3",

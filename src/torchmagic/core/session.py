@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from . import distributed
+from .advice import Advice, Call, Command, as_advice, spelled
 from .devices.batch_size import BatchSizeReport, find_batch_size
 from .devices.compare import CompareReport, compare
 from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
@@ -189,7 +190,7 @@ class Session:
     def _run(
         self,
         action: str,
-        command: str,
+        command: Command,
         target: edits.BoundModel,
         dry_run: bool,
         step: Callable[[Transaction], Effect],
@@ -219,8 +220,8 @@ class Session:
 
         change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run))
         if dropped:
-            notes = (*change.effect.notes, self._dropped(dropped))
-            change = replace(change, effect=replace(change.effect, notes=notes))
+            told = (*change.effect.notes, self._dropped(dropped))
+            change = replace(change, effect=replace(change.effect, notes=told))
         return change
 
     def _atomically(
@@ -276,7 +277,7 @@ class Session:
         bn: str | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Stop training ``targets``: requires_grad off, out of the optimizer (state set
         aside for undo), BatchNorm per policy. No targets means the whole model."""
@@ -286,7 +287,7 @@ class Session:
         target, selection = self._selection(targets, exclude, optimizer)
         return self._run(
             "freeze",
-            command or _call("freeze", *targets, exclude=list(exclude) or None, bn=bn),
+            command or _call("freeze", *targets, exclude=tuple(exclude) or None, bn=bn),
             target,
             dry_run,
             lambda tx: edits.freeze(target, selection, policy, tx),
@@ -300,7 +301,7 @@ class Session:
         exclude: Sequence[str] = (),
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Train ``targets`` again, each block in its own named param group.
 
@@ -314,7 +315,7 @@ class Session:
         lrs = spread_lrs(lr_spec, len(selection.blocks))
         return self._run(
             "unfreeze",
-            command or _call("unfreeze", *targets, lr=lr, wd=wd, exclude=list(exclude) or None),
+            command or _call("unfreeze", *targets, lr=lr, wd=wd, exclude=tuple(exclude) or None),
             target,
             dry_run,
             lambda tx: edits.unfreeze(
@@ -331,7 +332,7 @@ class Session:
         labels: Sequence[str] | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Swap the head for a fresh layer with ``num_classes`` outputs.
 
@@ -355,7 +356,7 @@ class Session:
         target, root_name, root = self._one_module(None if where == "auto" else where, optimizer)
         return self._run(
             "replace_head",
-            command or _call("replace_head", where, num_classes, dropout=dropout),
+            command or _call("replace_head", where or "auto", num_classes, dropout=dropout),
             target,
             dry_run,
             lambda tx: edits.replace_head(
@@ -363,8 +364,15 @@ class Session:
             ),
         )
 
-    def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
-        """A bounded table of the model (or a sub-tree) with trainable state and groups."""
+    def summary(
+        self,
+        where: str | None = None,
+        depth: int | None = None,
+        input_shape: Sequence[int] | None = None,
+    ) -> SummaryReport:
+        """A bounded table of the model (or a sub-tree) with trainable state and groups;
+        with ``input_shape`` (batch first, ``(1, 3, 224, 224)``) each module's output shape
+        and bytes too, from one forward on the meta device (no memory, no arithmetic)."""
         if depth is not None and depth < 0:
             raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
         target, relative_name, root = self._one_module(where, reading=True)
@@ -377,6 +385,7 @@ class Session:
             schedulers=target.schedulers,
             depth=self.config.summary_depth if depth is None else depth,
             max_rows=self.config.summary_max_rows,
+            input_shape=input_shape,
         )
 
     # -- session ---------------------------------------------------------------------
@@ -418,7 +427,7 @@ class Session:
     def _refuse_undo(self, record: Record) -> None:
         """Refuse, before anything changes, an undo that would leave the model and its
         live optimizer inconsistent."""
-        command = record.change.command
+        command = spelled(record.change.command)
         fix = "make the opposite change instead, or clear the history"
         if record.tx is None:
             raise TorchMagicError(
@@ -448,7 +457,7 @@ class Session:
         if reason:
             raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")
 
-    def undone(self) -> tuple[str, ...]:
+    def undone(self) -> tuple[Command, ...]:
         """The commands :meth:`undo` reverted, oldest first."""
         return tuple(self._history.undone)
 
@@ -474,7 +483,7 @@ class Session:
             record.change,
             effect=Effect(record.change.effect.modules, record.change.effect.params),
             action="undo",
-            command=f"undo {record.change.command}",
+            command=("undo ", *as_advice(record.change.command)),
             before=before,
             after=count(model),
             groups=describe_groups(
@@ -860,7 +869,10 @@ class Session:
                 block,
                 lr=lr,
                 optimizer=optimizer,
-                command=f"unfreeze {block} lr={lr:.3g} ({plan.label}, after epoch {epoch})",
+                command=(
+                    *_call("unfreeze", f"{name}.{block}", lr=lr),
+                    f" ({plan.label}, after epoch {epoch})",
+                ),
             )
 
         claimed: set[int] = set()
@@ -915,10 +927,14 @@ class Session:
             for i, (b, r) in enumerate(zip(bases, result.ratios, strict=True))
             if b > 0
         }
+        group = result.reference_name
         change = self._run(
             "set_lr",
-            f"lr_find apply: base lr {suggestion:.3g} for {result.reference_name}, "
-            "others in proportion",
+            (
+                *_call("lr_find", apply=True),
+                f": base lr {suggestion:.3g} for {'group ' * group.isdigit()}{group}, "
+                "others in proportion",
+            ),
             target,
             False,
             lambda tx: set_base_lrs(target, new, tx),
@@ -1000,8 +1016,8 @@ def _checked_lr(lr: LrSpec) -> LrSpec:
     return check_positive(lr, "lr")
 
 
-def _call(action: str, *args: object, **kwargs: object) -> str:
-    """The command as the Python call that did it, for the history: ``freeze('layer1')``."""
-    parts = [repr(a) for a in args]
-    parts += [f"{key}={value!r}" for key, value in kwargs.items() if value is not None]
-    return f"{action}({', '.join(parts)})"
+def _call(action: str, *args: str | int, **kwargs: object) -> Advice:
+    """The command as the session call that did it, for the history; each front end
+    spells it (``tm.freeze("layer1")``, ``%freeze layer1``)."""
+    options = tuple((key, value) for key, value in kwargs.items() if value is not None)
+    return (Call(action, args, options),)

@@ -282,7 +282,8 @@ class TopicMagics(Magics):
         is atomic: applied, and in the history, or not at all) the user is told so."""
         before = self._history_marks()
         try:
-            yield
+            with calls_spelled(magic_line):  # what it shows names commands as magics
+                yield
         except KeyboardInterrupt:
             if self._history_marks() != before:
                 self.show(

@@ -30,12 +30,14 @@ from . import theme
 # Front ends style <pre> and <code> in their own ways (JupyterLab: ``.jp-RenderedHTMLCommon
 # code {white-space: pre-wrap}``), and a stylesheet rule with !important beats an inline
 # style without: no <code>, and the inline rules that keep a row on one line carry
-# !important. The block around it scrolls sideways when a table is wider than the output.
+# !important. The block around it scrolls sideways when a table is wider than the output;
+# scrolling clips it below too, so the lines are tall enough for the descenders of the last
+# one (an underscore sits below the line box of ``line-height:normal`` in some fonts).
 _HTML = (
     '<div class="torchmagic-output" style="overflow-x:auto !important;max-width:100%">'
     '<pre style="white-space:pre !important;overflow-wrap:normal !important;'
-    "word-break:normal !important;overflow:visible !important;margin:0;padding:0;"
-    "background:transparent;line-height:normal;font-size:inherit;"
+    "word-break:normal !important;overflow:visible !important;margin:0;padding:0 0 2px 0;"
+    "background:transparent;line-height:1.3;font-size:inherit;"
     "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">"
     "{code}</pre></div>"
 )

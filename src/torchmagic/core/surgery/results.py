@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..advice import Advice, Command
+from .shapes import ModuleOutput, Shapes
+
 
 @dataclass(frozen=True)
 class Counts:
@@ -58,7 +61,7 @@ class Effect:
     params: int
     state_freed_bytes: int = 0
     bn_modes: Mapping[str, int] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
+    notes: tuple[str | Advice, ...] = ()  # advice names commands each front end spells
     already: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
     resynced: int = 0
@@ -69,7 +72,7 @@ class Change:
     """The outcome of a mutating command (or of its dry run, or of an undo)."""
 
     action: str
-    command: str
+    command: Command  # as typed, or the session call each front end spells
     model_name: str
     effect: Effect
     before: Counts
@@ -90,6 +93,7 @@ class SummaryRow:
     state: str  # "trainable", "frozen", "partial" or "" (no parameters)
     bn: Mapping[str, int]  # BatchNorm layers inside by mode ("held", "frozen", "eval", "train")
     groups: tuple[int, ...]  # indices of the optimizer groups holding its parameters
+    output: ModuleOutput | None = None  # with an input shape: what it returned (None: not run)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class SummaryReport:
     counts: Counts
     optimizer_name: str | None
     groups: tuple[GroupInfo, ...]  # every group of the optimizer, ``groups[i].index == i``
+    shapes: Shapes | None = None  # with an input shape: the meta forward's outputs
 
     def lrs(self, row: SummaryRow) -> tuple[float, ...]:
         """The lrs (now) of the groups holding ``row``'s parameters."""
@@ -111,7 +116,7 @@ class SummaryReport:
 @dataclass(frozen=True)
 class HistoryEntry:
     index: int
-    command: str
+    command: Command  # as typed, or the session call each front end spells
     action: str
     model_name: str
     modules: tuple[str, ...]
@@ -124,4 +129,4 @@ class CommandHistory:
     """The session's mutating commands, oldest first, and those undone."""
 
     entries: tuple[HistoryEntry, ...]
-    undone: tuple[str, ...] = ()
+    undone: tuple[Command, ...] = ()

@@ -19,6 +19,7 @@ from . import batchnorm
 from .counting import count, describe_groups
 from .optimizer_sync import group_index
 from .results import SummaryReport, SummaryRow
+from .shapes import output_shapes
 
 _BN_ORDER = ("held", "frozen", "eval", "train")
 
@@ -40,9 +41,13 @@ def summarize(
     schedulers: Sequence[object] = (),
     depth: int = 2,
     max_rows: int = 60,
+    input_shape: Sequence[int] | None = None,
 ) -> SummaryReport:
     """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``.
-    ``schedulers``: those bound to ``optimizer``, to tell each group's base lr."""
+    ``schedulers``: those bound to ``optimizer``, to tell each group's base lr. With
+    ``input_shape`` (batch first), each row also has its module's output shape and bytes
+    from one forward on the meta device."""
+    shapes = None if input_shape is None else output_shapes(model, input_shape)
     named = list(model.named_modules())
     depth = min(depth, max(n.count(".") + 1 for n, _ in named))  # deeper shows nothing more
     while depth > 0 and sum(1 for n, _ in named if not n or n.count(".") < depth) > max_rows:
@@ -93,6 +98,7 @@ def summarize(
                 state=_state(numel[name], trainable[name]),
                 bn={m: modes[m] for m in _BN_ORDER if modes[m]},
                 groups=tuple(sorted(in_groups[name])),
+                output=None if shapes is None else shapes.outputs.get(name),
             )
         )
     hidden = max(0, len(rows) - max_rows)
@@ -105,4 +111,5 @@ def summarize(
         counts=count(model),
         optimizer_name=optimizer_name,
         groups=describe_groups(optimizer, schedulers=schedulers),
+        shapes=shapes,
     )
