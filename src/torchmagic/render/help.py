@@ -15,7 +15,7 @@ from rich.text import Text
 from . import theme
 from .base import Rendered, table
 
-_CODE = re.compile(r"`([^`]+)`")
+_CODE = re.compile(r"`([^`]+)`")  # may span a line break
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,7 @@ def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
 
 def magic_help(result: MagicHelp, width: int | None = None) -> Rendered:
     """The usage text as ``%name?`` shows it, its first line bold, `code` drawn as code."""
-    lines = result.text.splitlines()
-    usage_ends = lines.index("") if "" in lines else 1
-    drawn = []
-    for index, line in enumerate(lines):
-        if index < usage_ends:
-            drawn.append(Text(line, style="bold"))
-        elif line.endswith(":") and not line[:1].isspace():
-            drawn.append(Text(line, style=theme.style("dim")))
-        else:
-            drawn.append(code_text(line))
-    return Rendered(Group(*drawn), width)
+    usage, _, rest = result.text.partition("\n\n")
+    body = code_text(rest)  # across lines: a `code span` may wrap
+    body.highlight_regex(re.compile(r"^[a-z]+:$", re.M), theme.style("dim"))
+    return Rendered(Group(Text(usage, style="bold"), Text(""), body), width)

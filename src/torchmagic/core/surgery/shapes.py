@@ -2,7 +2,9 @@
 pass of a meta-device replica on an input of the given shape (no memory, no arithmetic;
 the model, its statistics and the RNG are untouched), with a hook on every module.
 
-A model that cannot run on the meta device (an op that reads values, such as ``.item()``
+The user's forward hooks do not run on the replica (they would see meta tensors); its
+pre-hooks do, as weight_norm and pruning compute weights in them. A model that cannot run
+on the meta device (an op that reads values, such as ``.item()``
 or a data-dependent shape) is refused in one line naming the module where it stopped.
 """
 
@@ -71,6 +73,10 @@ def output_shapes(model: nn.Module, input_shape: Sequence[int]) -> Shapes:
         )
     refuse_lazy(model, "the summary")
     replica = meta_replica(model).eval()  # as for a prediction: BatchNorm on its statistics
+    for module in replica.modules():  # the user's own forward hooks would see meta tensors
+        module._forward_hooks.clear()  # (pre-hooks stay: weight_norm and pruning need them)
+        module._forward_hooks_with_kwargs.clear()
+        module._forward_hooks_always_called.clear()
     names = {id(m): n for n, m in replica.named_modules()}
     leaves = {id(m) for m in replica.modules() if not m._modules}
     found: dict[str, list[torch.Tensor]] = {}
