@@ -22,6 +22,7 @@ def _shown(ip, line: str) -> dict[str, str]:
 
 
 def test_help_is_a_line_per_magic(ip) -> None:
+    ip.run_line_magic("config", "TorchMagics.width = 100")
     shown = _shown(ip, "help")
     magics = load_manifest()["magics"]
     lines = shown["text/plain"].splitlines()
@@ -33,6 +34,14 @@ def test_help_is_a_line_per_magic(ip) -> None:
     assert "`" not in shown["text/plain"]
     for magic in magics:  # each line links into the reference
         assert f'<a href="{magic["docs"]}">' in shown["text/html"]
+
+
+def test_help_fits_sixty_columns_without_the_links(ip) -> None:
+    ip.run_line_magic("config", "TorchMagics.width = 60")
+    lines = _shown(ip, "help")["text/plain"].splitlines()
+    assert len(lines) == len(load_manifest()["magics"]) + 2  # no line wrapped
+    assert all(len(line) <= 60 for line in lines[:-1]) and "#freeze" not in lines[1]
+    assert lines[-1].endswith("docs/magics.md")  # the address whole, not cut
 
 
 def test_help_of_one_magic_is_its_usage(ip) -> None:

@@ -45,21 +45,22 @@ EXAMPLES = {
     ("lr_find", "line"): "%lr_find train_loader --apply",
     ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
 }
-# One line each for %tm help's screen: what the magic is for.
+# One line each for %tm help's screen: what the magic is for (short: a 60-column
+# terminal shows a line each).
 PURPOSES = {
-    ("freeze", "line"): "stop training modules; the optimizer and BatchNorm follow",
-    ("unfreeze", "line"): "train modules again, in their own param groups and lrs",
+    ("freeze", "line"): "stop training modules; the optimizer follows",
+    ("unfreeze", "line"): "train modules again, in their own lr groups",
     ("replace_head", "line"): "a fresh classification head with N outputs",
-    ("summary", "line"): "the module table: params, trainable, BatchNorm, groups, shapes",
-    ("load_model", "line"): "build a zoo model with its weights, transforms and labels",
-    ("amp", "line"): "mixed precision for the session: status, on, off",
+    ("summary", "line"): "the module table, output shapes too",
+    ("load_model", "line"): "a zoo model with its weights and labels",
+    ("amp", "line"): "mixed precision: status, on, off",
     ("amp", "cell"): "one cell under autocast",
-    ("fit", "line"): "train with the model's optimizer and schedulers, live progress",
-    ("lr_find", "line"): "the lr range test, everything restored afterwards",
-    ("fine_tune", "line"): "fastai's recipe: the head first, then everything",
-    ("device", "line"): "devices, moving a model with its state, placement checks",
-    ("gpumem", "line"): "memory in use, the peak of a step, the largest batch",
-    ("tm", "line"): "the session: history, undo, current model, fits, doctor, help",
+    ("fit", "line"): "train with its schedulers, live progress",
+    ("lr_find", "line"): "the lr range test; all restored after",
+    ("fine_tune", "line"): "fastai's recipe: the head, then all",
+    ("device", "line"): "devices; move a model with its state",
+    ("gpumem", "line"): "memory now, a step's peak, the best batch",
+    ("tm", "line"): "the session: history, undo, doctor, help",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic

@@ -50,27 +50,32 @@ def _magic(entry: Mapping) -> str:
 
 
 def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
-    """A line per magic; the usage of each is one ``%tm help NAME`` away."""
+    """A line per magic; the usage of each is one ``%tm help NAME`` away. Where the links
+    would make a line wrap, they are left out (the reference's address stays below)."""
+    rendered = Rendered(Group(), width)
     title = Text(f"{manifest['name']} {manifest['version']}", style="bold")
-    title.append(f" · {manifest['load']} · ", style=theme.style("dim"))
+    title.append(" · ", style=theme.style("dim"))
     title.append("%tm help MAGIC", style=theme.style("accent"))
-    title.append(" for a magic's usage", style=theme.style("dim"))
-    columns: list[tuple[str, JustifyMethod]] = [
-        ("magic", "left"),
-        ("what it is for", "left"),
-        ("reference", "left"),
-    ]
+    title.append(": one magic's usage", style=theme.style("dim"))
+    magics = manifest["magics"]
+    names = max(len(_magic(m)) for m in magics)
+    anchors = max(len(m["docs"].rpartition("#")[2]) + 1 for m in magics)
+    linked = names + max(len(m["purpose"]) for m in magics) + anchors + 4 <= rendered.width
+    columns: list[tuple[str, JustifyMethod]] = [("magic", "left"), ("what it is for", "left")]
+    columns += [("reference", "left")] if linked else []
     drawn = table(None, columns, (0, 2), show_header=False, box=None)
-    for magic in manifest["magics"]:
-        anchor = magic["docs"].rpartition("#")[2]
-        drawn.add_row(
-            Text(_magic(magic), style=theme.style("accent", bold=True)),
-            code_text(magic["purpose"]),
-            Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])),
-        )
-    parts: list[RenderableType] = [title, drawn]
-    parts.append(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
-    return Rendered(Group(*parts), width)
+    for magic in magics:
+        cells = [Text(_magic(magic), style=theme.style("accent", bold=True))]
+        cells.append(code_text(magic["purpose"]))
+        if linked:
+            anchor = magic["docs"].rpartition("#")[2]
+            cells.append(Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])))
+        drawn.add_row(*cells)
+    # an address is one word: drawn whole, wider than a narrow terminal rather than cut
+    reference = table(None, [("reference", "left")], (0,), show_header=False, box=None)
+    reference.add_row(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
+    rendered.renderable = Group(title, drawn, reference)
+    return rendered
 
 
 def magic_help(result: MagicHelp, width: int | None = None) -> Rendered:
