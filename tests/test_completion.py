@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic.core import completion
 from torchmagic.core.workspace import Workspace
-from torchmagic.magics.completion import OPTION_VALUES, USAGE_WORDS, MagicCompleter
+from torchmagic.magics.completion import OPTION_VALUES, POSITIONALS, USAGE_WORDS, MagicCompleter
 from torchmagic.manifest import load_manifest, magic_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,6 +262,8 @@ def test_the_tables_name_what_the_manifest_has() -> None:
     magics = load_manifest()["magics"]
     dests = {a.get("dest") for m in magics for a in m["arguments"] if a["kind"] == "option"}
     assert set(OPTION_VALUES) <= dests
+    positionals = {a["name"] for m in magics for a in m["arguments"] if a["kind"] == "positional"}
+    assert set(POSITIONALS) <= positionals
     usages = " ".join(s["usage"] for m in magics for s in m.get("subcommands", ()))
     assert all(word in usages.split() or f"[{word}]" in usages for word in USAGE_WORDS)
 
@@ -320,7 +322,7 @@ def test_device_compare_takes_a_model_then_a_loader(shell) -> None:
     ]
     # the words are all there: the options come next (not IPython's 150 names)
     assert complete(shell, "%device compare train_loader ") == ["--steps", "--loss", "--opt"]
-    assert complete(shell, "%summary model ") == ["--depth"]
+    assert complete(shell, "%summary model ") == ["--depth", "--input-shape"]
 
 
 def test_tm_completes_exactly_the_documented_subcommands(shell) -> None:

@@ -223,8 +223,8 @@ class MagicCompleter:
         typed, slot = line.fragment, len(line.positionals)
         if line.entry["kind"] == "cell":
             return self._usage_values(_usage_slots(line.entry["usage"], 1), [], typed)
-        dest = next(a["name"] for a in line.entry["arguments"] if a["kind"] == "positional")
-        kind = POSITIONALS[dest]
+        dests = [a["name"] for a in line.entry["arguments"] if a["kind"] == "positional"]
+        kind = POSITIONALS.get(dests[0]) if dests else None  # None: options only
         workspace = self.workspace
         keys = _option_items(
             f"{k['name']}=" for k in line.entry["key_values"] if k["name"].startswith(typed)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rich.console import Group, JustifyMethod, RenderableType
+from rich.console import Group, JustifyMethod
 from rich.style import Style
 from rich.text import Text
 
