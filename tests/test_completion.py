@@ -8,6 +8,10 @@ kind each position takes. The engine's candidate functions are tested without IP
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import pytest
 import torch
 from IPython.core.completer import provisionalcompleter
@@ -16,8 +20,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic.core import completion
 from torchmagic.core.workspace import Workspace
-from torchmagic.magics.completion import OPTION_VALUES, USAGE_WORDS, MagicCompleter
+from torchmagic.magics.completion import OPTION_VALUES, POSITIONALS, USAGE_WORDS, MagicCompleter
 from torchmagic.manifest import load_manifest, magic_entry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Net(nn.Module):
@@ -256,5 +262,111 @@ def test_the_tables_name_what_the_manifest_has() -> None:
     magics = load_manifest()["magics"]
     dests = {a.get("dest") for m in magics for a in m["arguments"] if a["kind"] == "option"}
     assert set(OPTION_VALUES) <= dests
+    positionals = {a["name"] for m in magics for a in m["arguments"] if a["kind"] == "positional"}
+    assert set(POSITIONALS) <= positionals
     usages = " ".join(s["usage"] for m in magics for s in m.get("subcommands", ()))
     assert all(word in usages.split() or f"[{word}]" in usages for word in USAGE_WORDS)
+
+
+# -- every magic completes; each answer says what it names ---------------------------
+
+
+def kinds(shell, text: str) -> dict[str, str]:
+    """Each candidate's text and the type a front end shows beside it."""
+    with provisionalcompleter():
+        return {c.text: c.type for c in shell.Completer.completions(text, len(text))}
+
+
+def test_training_magics_offer_models_and_loaders(shell) -> None:
+    for magic in ("lr_find", "fine_tune"):
+        assert complete(shell, f"%{magic} ") == complete(shell, "%fit ")
+        assert complete(shell, f"%{magic} model t") == ["train_loader", "train_batches"]
+        assert complete(shell, f"%{magic} train_loader --opt ") == ["opt"]
+    assert complete(shell, "%fine_tune train_loader --val v") == ["val_loader"]
+    assert complete(shell, "%fit train_loader --unfreeze layer4,la") == [
+        f"layer4,layer{i}" for i in range(1, 5)
+    ]
+
+
+def test_load_model_offers_the_zoo_filtered_by_the_prefix(shell) -> None:
+    from torchvision import models
+
+    found = complete(shell, "%load_model resnet")
+    zoo = [n for n in models.list_models() if n.startswith("resnet")]
+    assert found[: len(zoo)] == zoo  # timm's follow once timm is imported
+    assert all(n.startswith("resnet") for n in found)
+    assert "%reset" not in complete(shell, "%load_model res")
+    assert complete(shell, "%load_model t")[:1] == ["timm:"]
+    assert set(kinds(shell, "%load_model resnet1").values()) == {"model"}
+    weights = complete(shell, "%load_model resnet50 --weights ")
+    assert weights[:2] == ["DEFAULT", "none"] and "IMAGENET1K_V2" in weights
+
+
+def test_timm_names_after_the_prefix(shell, monkeypatch) -> None:
+    monkeypatch.setattr(
+        completion, "_timm_models", lambda: ("convnext_atto", "zz_timm_only", "resnet18")
+    )
+    assert complete(shell, "%load_model timm:conv") == ["timm:convnext_atto"]
+    # bare names are timm's too once timm is imported (importing it takes seconds)
+    monkeypatch.delitem(sys.modules, "timm", raising=False)
+    assert complete(shell, "%load_model zz") == []
+    monkeypatch.setitem(sys.modules, "timm", types.ModuleType("timm"))
+    assert complete(shell, "%load_model zz") == ["zz_timm_only"]
+    assert complete(shell, "%load_model resnet18") == ["resnet18"]  # once
+
+
+def test_device_compare_takes_a_model_then_a_loader(shell) -> None:
+    assert complete(shell, "%device compare ") == complete(shell, "%fit ")
+    assert complete(shell, "%device compare model ") == [
+        "train_loader",
+        "train_batches",
+        "val_loader",
+    ]
+    # the words are all there: the options come next (not IPython's 150 names)
+    assert complete(shell, "%device compare train_loader ") == ["--steps", "--loss", "--opt"]
+    assert complete(shell, "%summary model ") == ["--depth", "--input-shape"]
+
+
+def test_tm_completes_exactly_the_documented_subcommands(shell) -> None:
+    heading = next(
+        line
+        for line in (ROOT / "docs/magics.md").read_text().splitlines()
+        if line.startswith("### `%tm ")
+    )
+    documented = [part.split()[0] for part in heading.strip("#` ").removeprefix("%tm ").split("|")]
+    assert complete(shell, "%tm ") == documented
+    assert complete(shell, "%tm help f") == ["freeze", "fit", "fine_tune"]
+    assert "%%amp" in complete(shell, "%tm help %")
+
+
+def test_every_magic_completes_something(shell) -> None:
+    for magic in load_manifest()["magics"]:
+        escape = "%%" if magic["kind"] == "cell" else "%"
+        found = complete(shell, f"{escape}{magic['name']} ")
+        assert found, magic["name"]
+        assert not any(c.startswith("%") for c in found), magic["name"]  # not IPython's list
+
+
+def test_candidates_say_what_they_name(shell) -> None:
+    assert set(kinds(shell, "%freeze la").values()) == {"block"}
+    fit = kinds(shell, "%fit ")
+    assert fit["model"] == "model" and fit["train_loader"] == "loader"
+    assert set(kinds(shell, "%freeze layer1 --").values()) == {"option"}
+    assert kinds(shell, "%unfreeze layer4 l")["lr="] == "option"
+    assert set(kinds(shell, "%tm ").values()) == {"subcommand"}
+    assert kinds(shell, "%fit train_loader --opt ") == {"opt": "optimizer"}
+    assert kinds(shell, "%fit train_loader --loss c")["criterion"] == "loss"
+    assert kinds(shell, "%freeze --bn ")["eval"] == "value"
+
+
+def test_zoo_lists_are_read_once(monkeypatch) -> None:
+    from torchvision import models
+
+    calls = []
+    completion._torchvision_models.cache_clear()
+    real = models.list_models
+    monkeypatch.setattr(models, "list_models", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for typed in ("res", "vit", "efficientnet_b"):
+        assert all(n.startswith(typed) for n in completion.zoo_models(typed))
+    assert calls == [1]
+    completion._torchvision_models.cache_clear()

@@ -58,6 +58,10 @@ CASES = {
     "%fit train_": ["train_loader"],
     "%fit model train_loader --val t": ["train_loader"],
     "%fit train_loader --opt ": ["opt"],
+    "%lr_find ": ["model", "head", "train_loader"],
+    "%fine_tune model t": ["train_loader"],
+    "%load_model resnet1": ["resnet101", "resnet152", "resnet18"],
+    "%tm help fi": ["fit", "fine_tune"],
 }
 
 
@@ -109,6 +113,16 @@ def test_complete_request_answers_each_case(kernel: BlockingKernelClient) -> Non
             len(code) - len(word),
             len(code),
         ), code
+
+
+@pytest.mark.slow
+def test_each_answer_says_what_it_names(kernel: BlockingKernelClient) -> None:
+    content = _complete(kernel, "%lr_find ")
+    types = {t["text"]: t["type"] for t in content["metadata"]["_jupyter_types_experimental"]}
+    assert types == {"model": "model", "head": "model", "train_loader": "loader"}
+    content = _complete(kernel, "%freeze l")
+    types = {t["text"]: t["type"] for t in content["metadata"]["_jupyter_types_experimental"]}
+    assert set(types.values()) == {"block"}
 
 
 @pytest.mark.slow

@@ -311,7 +311,14 @@ def test_lists_that_keep_graphs_alive(model):
 def test_data_parallel(model, monkeypatch):
     no_cuda(monkeypatch)  # with GPUs, DataParallel would move the model to cuda:0
     model.eval()
-    (finding,) = only(diagnose({"model": nn.DataParallel(model)}), "data-parallel")
+    wrapped = nn.DataParallel(model)
+    (finding,) = only(diagnose({"model": wrapped}), "data-parallel")
+    # no GPU: nothing about GPUs, only that the wrapper does nothing
+    assert finding.severity == "info" and "without a GPU only wraps" in finding.message
+    assert "GPUs through threads" not in finding.message and "model.module" in finding.fix
+    wrapped.device_ids = [0, 1]  # as built on a machine with two GPUs
+    (finding,) = only(diagnose({"model": wrapped}), "data-parallel")
+    assert finding.severity == "warning" and "every GPU through threads" in finding.message
     assert "DistributedDataParallel" in finding.fix
 
 

@@ -8,6 +8,7 @@ from IPython.core.error import UsageError
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
+from torchmagic.core.advice import spelled
 from checkpoint_helpers import assert_same, batches, structure
 from test_checkpoint import build_net
 
@@ -45,11 +46,11 @@ def test_the_script_rebuilds_the_same_structure(tmp_path):
     mine, theirs = structure(net, opt), structure(fresh, fresh_opt)
     assert_same(mine, theirs)
     assert fresh_sched.base_lrs == sched.base_lrs
-    assert [e.command for e in scope["tm"].history()] == [
-        "freeze('stem', 'layer1', bn='frozen')",
-        "replace_head('fc', 4, dropout=0.1)",
-        "unfreeze('layer1', lr=(0.0003, 0.003))",
-        "set_base_lrs({0: 0.02})",
+    assert [spelled(e.command) for e in scope["tm"].history()] == [
+        'tm.freeze("stem", "layer1", bn=frozen)',
+        'tm.replace_head("fc", 4, dropout=0.1)',
+        'tm.unfreeze("layer1", lr=(0.0003, 0.003))',
+        "tm.set_base_lrs(lrs={0: 0.02})",
     ]
 
 
@@ -66,7 +67,7 @@ def test_a_progressive_fit_is_exported_once(tmp_path):
         line for line in (tmp_path / "p.py").read_text().splitlines() if line.startswith("tm.")
     ]
     assert calls == [
-        "tm.freeze(bn='eval', exclude=['fc'])  # freeze(exclude=['fc'])",
+        "tm.freeze(bn='eval', exclude=['fc'])  # tm.freeze(exclude=(\"fc\",))",
         "tm.fit(train_loader, val=val_loader, epochs=2, unfreeze=('layer2',), every=1)",
     ]
 

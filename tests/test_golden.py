@@ -42,13 +42,14 @@ from torchmagic.core.surgery.results import (
     GroupInfo,
     HistoryEntry,
 )
-from torchmagic.core.training.amp import KEPT_FP32, AmpStatus
+from torchmagic.core.training.amp import KEPT_FP32, KEPT_FP32_REASON, AmpStatus
 from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
 from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
 from torchmagic.core.training.progressive import Unfrozen
 from torchmagic.core.training.recipe import FineTuneResult
 from torchmagic.core.zoo import LoadedModel, WeightsInfo
-from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
+from torchmagic.manifest import help_text
+from torchmagic.render import FitRuns, MagicHelp, ManifestHelp, NotebookProgress
 from torchmagic.render.base import _parts
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -88,6 +89,34 @@ def _summary_live():
     tm.freeze("layer1-2")
     tm.unfreeze("layer2", lr=1e-4)
     return tm.summary(depth=2)
+
+
+def _summary_shapes_live():
+    model, _ = _tiny()
+    return Session(model).summary(depth=1, input_shape=(2, 3, 16, 16))
+
+
+def _magic_help() -> MagicHelp:
+    entry = {
+        "name": "freeze",
+        "kind": "line",
+        "usage": "%freeze TARGETS [--dry-run]",
+        "summary": "Stop training the named blocks; `requires_grad` off.",
+        "arguments": [
+            {"name": "targets", "kind": "positional", "help": "modules", "default": None},
+            {
+                "name": "--dry-run",
+                "dest": "dry_run",
+                "kind": "flag",
+                "help": "change nothing",
+                "default": False,
+            },
+        ],
+        "key_values": [],
+        "example": "%freeze layer1-3",
+        "docs": "https://example.org/docs/magics.md#freeze",
+    }
+    return MagicHelp(entry, help_text(entry))
 
 
 def _dry_run_live() -> Change:
@@ -223,6 +252,7 @@ def _manifest() -> ManifestHelp:
             "name": "torchmagic",
             "version": "0.0.0",
             "load": "%load_ext torchmagic",
+            "documentation": "https://example.org/docs/magics.md",
             "magics": [
                 {
                     "name": "freeze",
@@ -230,6 +260,8 @@ def _manifest() -> ManifestHelp:
                     "usage": "%freeze TARGET... [--dry-run]",
                     "summary": "Stop training the named blocks.",
                     "example": "%freeze layer1-3",
+                    "purpose": "stop training the named blocks",
+                    "docs": "https://example.org/docs/magics.md#freeze",
                 },
                 {
                     "name": "amp",
@@ -237,6 +269,8 @@ def _manifest() -> ManifestHelp:
                     "usage": "%%amp [MODE]",
                     "summary": "Run one cell under autocast.",
                     "example": "%%amp bf16",
+                    "purpose": "one cell under `autocast`",
+                    "docs": "https://example.org/docs/magics.md#amp",
                 },
             ],
         }
@@ -511,6 +545,8 @@ CASES: dict[str, Callable[[], object]] = {
     "change_except": _except_live,
     "change_partly_already": _partly_already_live,
     "summary": _summary_live,
+    "summary_shapes": _summary_shapes_live,
+    "magic_help": _magic_help,
     "history": _history,
     "history_empty": lambda: CommandHistory(()),
     "history_all_undone": lambda: CommandHistory((), ("%unfreeze layer4", "%freeze layer1-3")),
@@ -534,7 +570,9 @@ CASES: dict[str, Callable[[], object]] = {
     "amp_off": lambda: AmpStatus(False, None, "cpu", False, None),
     "amp_fp16": lambda: AmpStatus(True, "float16", "cuda", True, 65536.0, "GradScaler created"),
     "amp_bf16": lambda: AmpStatus(True, "bfloat16", "cuda", False, None),
-    "amp_kept_fp32": lambda: AmpStatus(False, None, "cpu", False, None, KEPT_FP32),
+    "amp_kept_fp32": lambda: AmpStatus(
+        False, None, "cpu", False, None, KEPT_FP32, KEPT_FP32_REASON
+    ),
     "devices": _devices,
     "moved": _moved,
     "moved_nothing": lambda: MoveReport("model", "cpu", 0, 0, 0, 0, 0, ()),

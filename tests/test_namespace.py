@@ -49,8 +49,8 @@ def test_rebinding_the_variable_is_picked_up(resnet):
     tm.undo()  # undoes layer2 on the fresh model
     with pytest.raises(
         TorchMagicError,
-        match=r"nothing to undo: freeze\('layer1'\) changed the model 'model' named before it "
-        r"was re-bound \(its cell re-run\), not the one it names now",
+        match=r"nothing to undo: tm\.freeze\(\"layer1\"\) changed the model 'model' named "
+        r"before it was re-bound \(its cell re-run\), not the one it names now",
     ):
         tm.undo()  # the stale entry is never replayed on the new object
 

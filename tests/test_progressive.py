@@ -10,8 +10,10 @@ from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session, TorchMagicError
+from torchmagic.core.advice import spelled
 from torchmagic.core.training.fit import StopReason
 from torchmagic.core.training.progressive import Pacer, Pacing
+from torchmagic.magics.spelling import magic_line
 from torchmagic.render import TerminalProgress, render
 
 
@@ -108,11 +110,16 @@ def test_every_n_epochs_with_the_lr_ratio_chain():
     assert by_name["b3"]["lr"] == pytest.approx(0.025) and by_name["b2"]["lr"] == pytest.approx(
         0.0125
     )
-    commands = [e.command for e in tm.history()]
-    assert commands[-2:] == [
-        "unfreeze b3 lr=0.025 (fit 1, after epoch 2)",
-        "unfreeze b2 lr=0.0125 (fit 1, after epoch 4)",
+    name = tm.history()[-1].model_name
+    assert [spelled(e.command, magic_line) for e in tm.history()][-2:] == [
+        f"%unfreeze {name}.b3 lr=0.025 (fit 1, after epoch 2)",
+        f"%unfreeze {name}.b2 lr=0.0125 (fit 1, after epoch 4)",
     ]
+    assert (
+        spelled(tm.history()[-1].command)
+        == f'tm.unfreeze("{name}.b2", lr=0.0125) (fit 1, after epoch 4)'
+    )
+
     tm.undo()
     tm.undo()  # both unfreezes are ordinary history entries
     assert not any(p.requires_grad for p in [*model.b2.parameters(), *model.b3.parameters()])

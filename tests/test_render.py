@@ -222,7 +222,7 @@ def test_unnamed_groups_read_group_n(trained):
     """Unnamed param groups are "group 0", never "0" like a Sequential child."""
     model, opt = trained
     text = str(render.render(Session(model, opt).freeze("layer1")))
-    assert "│ group 0 │" in text
+    assert "│ group 0 (changed) │" in text
 
 
 def test_chart_keeps_the_users_matplotlib_backend():

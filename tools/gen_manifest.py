@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -34,7 +35,7 @@ EXAMPLES = {
     ("unfreeze", "line"): "%unfreeze layer3-4 lr=1e-5:1e-4",
     ("replace_head", "line"): "%replace_head auto 10",
     ("lora", "line"): "%lora \"blocks.*.attn.qkv\" r=8 lr=1e-3",
-    ("summary", "line"): "%summary model --depth 1",
+    ("summary", "line"): "%summary model --depth 1 --input-shape 1,3,224,224",
     ("amp", "line"): "%amp on bf16",
     ("amp", "cell"): "%%amp bf16",
     ("fit", "line"): "%fit train_loader --val val_loader --epochs 9 --unfreeze layer4,layer3",
@@ -44,6 +45,24 @@ EXAMPLES = {
     ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
     ("lr_find", "line"): "%lr_find train_loader --apply",
     ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
+}
+# One line each for %tm help's screen: what the magic is for (short: a 60-column
+# terminal shows a line each).
+PURPOSES = {
+    ("freeze", "line"): "stop training modules; the optimizer follows",
+    ("unfreeze", "line"): "train modules again, in their own lr groups",
+    ("replace_head", "line"): "a fresh classification head with N outputs",
+    ("lora", "line"): "low-rank adapters on chosen layers; merge, off, on",
+    ("summary", "line"): "the module table, output shapes too",
+    ("load_model", "line"): "a zoo model with its weights and labels",
+    ("amp", "line"): "mixed precision: status, on, off",
+    ("amp", "cell"): "one cell under autocast",
+    ("fit", "line"): "train with its schedulers, live progress",
+    ("lr_find", "line"): "the lr range test; all restored after",
+    ("fine_tune", "line"): "fastai's recipe: the head, then all",
+    ("device", "line"): "devices; move a model with its state",
+    ("gpumem", "line"): "memory now, a step's peak, the best batch",
+    ("tm", "line"): "the session: history, undo, doctor, save, load, export, help",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic
@@ -151,7 +170,16 @@ def describe(name: str, func, kind: str) -> dict:
             for e in entries
         ]
     entry["example"] = EXAMPLES[(name, kind)]
+    entry["purpose"] = PURPOSES[(name, kind)]
+    entry["docs"] = f"{documentation()}#{name}"
     return entry
+
+
+def documentation() -> str:
+    """The magics reference's address, from pyproject.toml's project URLs."""
+    found = re.search(r'^Documentation = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml names no Documentation URL"
+    return found.group(1)
 
 
 def config() -> list[dict]:
@@ -181,6 +209,7 @@ def build_manifest() -> dict:
         "load": "%load_ext torchmagic",
         "unload": "%unload_ext torchmagic",
         "python_api": "torchmagic.Session",
+        "documentation": documentation(),
         "config_class": TorchMagics.__name__,
         "config": config(),
         "magics": magics,

@@ -6,9 +6,14 @@ config; ``%tm help`` and the usage lines of error messages read it from here.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
+import textwrap
 from functools import cache
 from importlib import resources
+
+from .core.errors import TorchMagicError
 
 
 @cache
@@ -24,6 +29,20 @@ def magic_entry(name: str, kind: str = "line") -> dict:
     raise KeyError(f"{kind} magic {name!r} is not in extension.json")
 
 
+def magic_named(typed: str) -> dict:
+    """The entry of the magic ``typed`` names: ``fit``, ``%fit``; ``%%amp`` for a cell
+    magic. An unknown name is a ``TorchMagicError`` naming the closest."""
+    kind = "cell" if typed.startswith("%%") else "line"
+    name = typed.lstrip("%")
+    try:
+        return magic_entry(name, kind)
+    except KeyError:
+        names = [m["name"] for m in load_manifest()["magics"]]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise TorchMagicError(f"no magic named '{typed}'{hint}", param="words") from None
+
+
 def usage(name: str, kind: str = "line") -> str:
     """The usage line of ``%name``: ``%fit [MODEL] TRAIN_LOADER [--val VAL_LOADER] …``."""
     return magic_entry(name, kind)["usage"]
@@ -35,3 +54,122 @@ def subcommand_usage(name: str, subcommand: str) -> str:
         if entry["name"] == subcommand:
             return entry["usage"]
     raise KeyError(f"%{name} has no subcommand {subcommand!r} in extension.json")
+
+
+# A usage line longer than this is shortened in error messages (a notebook's output and
+# an 80-column terminal show it on one line).
+SHORT_USAGE = 72
+HELP_WIDTH = 88  # the lines of a magic's help text
+HELP_WORDS = 26  # the column of option words; a longer word gets a line of its own
+
+
+def _usage_words(usage: str) -> list[str]:
+    """A usage line's words, a bracketed group (``[--val VAL_LOADER]``) and an option with
+    its value (``--epochs N``) each as one."""
+    words: list[str] = []
+    depth = 0
+    for word in usage.split():
+        if depth or (words and words[-1].startswith("--") and not word.startswith(("-", "["))):
+            words[-1] += f" {word}"
+        else:
+            words.append(word)
+        depth += word.count("[") - word.count("]")
+    return words
+
+
+def short_usage(name: str, kind: str = "line", mentioned: str = "") -> str:
+    """The usage line as an error prints it: whole while it is short; else the arguments,
+    the required options and the options ``mentioned`` names, the rest as ``[…]``, and
+    where to read them all (``%fit?``)."""
+    full = usage(name, kind)
+    if len(full) <= SHORT_USAGE or "subcommands" in magic_entry(name, kind):
+        return full
+    kept = []
+    for word in _usage_words(full):
+        option = word.strip("[]").split()[0]
+        if not option.startswith("--") or not word.startswith("[") or option in mentioned:
+            kept.append(word)
+        elif kept[-1] != "[…]":
+            kept.append("[…]")
+    escape = "%%" if kind == "cell" else "%"
+    return f"{' '.join(kept)} ({escape}{name}? for every option)"
+
+
+def _default(argument: dict) -> str:
+    """`` (default: 1)`` when the help does not say it already; nothing for flags and
+    unset values."""
+    default = argument.get("default")
+    if argument["kind"] == "flag" or default in (None, [], "") or "default" in argument["help"]:
+        return ""
+    return f" (default: {default})"
+
+
+def help_text(entry: dict) -> str:
+    """One magic's full usage, as ``%name?`` and ``%tm help NAME`` show it: the usage line,
+    what it does, the arguments first, then the options with their defaults, one example
+    and where the reference is."""
+    rows: list[tuple[str, str]] = []
+    if "subcommands" not in entry:
+        rows += [
+            (_positional_words(entry, a), a["help"])
+            for a in entry["arguments"]
+            if a["kind"] == "positional"
+        ]
+    rows += [(k["usage"], f"{k['help']} (default: {k['default']})") for k in entry["key_values"]]
+    rows += [(s["usage"], s["help"]) for s in entry.get("subcommands", ())]
+    options = []
+    for argument in entry["arguments"]:
+        if argument["kind"] != "positional":
+            options.append((_option_word(entry, argument), argument["help"] + _default(argument)))
+    wide = min(max((len(word) for word, _ in rows + options), default=0), HELP_WORDS)
+
+    def listed(title: str, pairs: list[tuple[str, str]]) -> list[str]:
+        out = [f"{title}:"]
+        for word, text in pairs:
+            lead = f"  {word.ljust(wide)}  "
+            if len(word) > wide:  # the text starts on the next line
+                out.append(f"  {word}")
+                lead = " " * (wide + 4)
+            out += textwrap.wrap(
+                text, HELP_WIDTH, initial_indent=lead, subsequent_indent=" " * len(lead)
+            )
+        return [*out, ""]
+
+    lines = [*_wrapped_usage(entry["usage"]), "", *textwrap.wrap(entry["summary"], HELP_WIDTH), ""]
+    if rows:
+        lines += listed("subcommands" if "subcommands" in entry else "arguments", rows)
+    if options:
+        lines += listed("options", options)
+    lines += ["example:", f"  {entry['example']}"]
+    if "docs" in entry:
+        lines += ["", f"reference: {entry['docs']}"]
+    return "\n".join(lines)
+
+
+def _wrapped_usage(line: str) -> list[str]:
+    """The usage line in lines of at most ``HELP_WIDTH``, broken between its words (an
+    option stays with its value), the later lines indented under the first argument."""
+    words = _usage_words(line)
+    indent = " " * (len(words[0]) + 1)
+    lines = [words[0]]
+    for word in words[1:]:
+        if len(lines[-1]) + 1 + len(word) > HELP_WIDTH and lines[-1].strip():
+            lines.append(indent + word)
+        else:
+            lines[-1] += f" {word}"
+    return lines
+
+
+def _positional_words(entry: dict, argument: dict) -> str:
+    """How the usage line spells a positional argument (its metavar)."""
+    keys = {f"[{k['usage']}]" for k in entry["key_values"]}
+    words = _usage_words(entry["usage"])[1:]
+    plain = [w for w in words if w not in keys and not w.strip("[]").startswith("--")]
+    return " ".join(plain) if plain else argument["name"].upper()
+
+
+def _option_word(entry: dict, argument: dict) -> str:
+    """``--epochs N``: the option as the usage line writes it (inside a subcommand too)."""
+    name = re.escape(argument["name"])
+    found = re.search(rf"{name}(?= |\]|$)( [^\s\[\]|-][^\s\[\]]*)?( \.\.\.)?", entry["usage"])
+    return found.group() if found else argument["name"]

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 class Call:
     """A session command a fix suggests, as the Session method and its arguments."""
 
-    method: str  # freeze, unfreeze, replace_head, amp_on, move, undo
+    method: str  # freeze, unfreeze, replace_head, amp_on, move, undo, lr_find
     args: tuple[str | int, ...] = ()
-    options: tuple[tuple[str, str], ...] = ()  # (name, value as written), e.g. ("lr", "…")
+    # (name, value): text as written ("lr", "…") in every spelling, or a value each
+    # spelling writes its own way (("exclude", ("fc",)) → exclude=("fc",) / --except fc)
+    options: tuple[tuple[str, object], ...] = ()
     more: bool = False  # the targets were cut short: "…" follows them
     mention: bool = False  # named in prose ("tm.move moves it"), not called
 
@@ -23,18 +25,35 @@ class Call:
             return f"tm.{self.method}"
         words = [f'"{a}"' if isinstance(a, str) else str(a) for a in self.args]
         words += ["…"] if self.more else []
-        words += [f"{name}={value}" for name, value in self.options]
+        words += [f"{name}={_python(value)}" for name, value in self.options]
         return f"tm.{self.method}({', '.join(words)})"
 
 
+def _python(value: object) -> str:
+    """A value as a Python call writes it; floats short (``0.025``, not ``0.0250000001``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, tuple):
+        inner = ", ".join(f'"{v}"' if isinstance(v, str) else _python(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return repr(value)
+
+
 Advice = tuple[str | Call, ...]
+# A history entry's command: the line a magic passed as typed, or the session call.
+Command = str | Advice
 
 
 def spelled(advice: str | Advice, spell: Callable[[Call], str] = Call.python) -> str:
     """The advice as one line, each command spelled by ``spell`` (plain text is advice
     without commands)."""
-    parts = (advice,) if isinstance(advice, str) else advice
-    return "".join(part if isinstance(part, str) else spell(part) for part in parts)
+    return "".join(part if isinstance(part, str) else spell(part) for part in as_advice(advice))
+
+
+def as_advice(text: str | Advice) -> Advice:
+    return (text,) if isinstance(text, str) else text
 
 
 class Advised:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .advice import spelled
 from .errors import TorchMagicError
 from .integrations import peft
 from .modules import is_batchnorm, parameter_names
@@ -177,16 +178,18 @@ def _bn_policies(model: nn.Module) -> dict[str, str]:
 
 def _command(entry: HistoryEntry, spell: Callable[[Replay], str]) -> dict:
     if entry.replay is None or entry.replay.method not in REPLAYABLE:
-        raise TorchMagicError(f"cannot save: {entry.command} cannot be replayed from a file")
+        raise TorchMagicError(
+            f"cannot save: {spelled(entry.command)} cannot be replayed from a file"
+        )
     replay = entry.replay
     return {
-        "command": entry.command,
+        "command": spelled(entry.command),
         "action": entry.action,
         "python": spell(replay),
         "replay": {
             "method": replay.method,
             "targets": list(replay.targets),
-            "options": plain(dict(replay.options), f"the options of {entry.command}"),
+            "options": plain(dict(replay.options), f"the options of {spelled(entry.command)}"),
         },
     }
 

@@ -1,17 +1,21 @@
 """Completion candidates from the live namespace: module paths in the target grammar
-(``layer1``, ``layer1-3``, ``model.features.0-6``) and variables of one kind (models,
-optimizers, loaders of batches, losses).
+(``layer1``, ``layer1-3``, ``model.features.0-6``), variables of one kind (models,
+optimizers, loaders of batches, losses) and the zoo's model and weights names.
 
 Runs on every TAB, so it only reads: no forward pass, no copies, no iteration over a
 loader, and at most ``limit`` answers. Text that does not parse yet yields nothing,
-never an error.
+never an error. Each candidate knows its kind (a model, a block, a loader…), which a
+front end shows beside it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
 from itertools import islice
 
 import torch
@@ -25,11 +29,28 @@ from .surgery.selection import resolve
 from .training.data import split_batch
 from .training.fit import LOSSES, resolve_loss
 from .workspace import Workspace
+from .zoo import SOURCES
 
 LIMIT = 200
 # A range being typed: `layer1-`, `layer1-1` (towards layer1-12), `0-` on a Sequential.
 _PARTIAL_RANGE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)?(\d+)-(\d*)$")
 _GLOB_OR_QUOTE = frozenset("*?[\"'")
+
+
+class Candidate(str):
+    """A completion: its text, and what it names (``kind``: "model", "block", "loader",
+    "optimizer", "loss", "class", "device", "weights"…)."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> Candidate:
+        made = super().__new__(cls, text)
+        made.kind = kind
+        return made
+
+
+def tagged(texts: Iterable[str], kind: str) -> list[Candidate]:
+    return [Candidate(text, kind) for text in texts]
 
 
 def _children(modules: list[nn.Module]) -> list[str]:
@@ -75,7 +96,7 @@ def module_paths(model: nn.Module, typed: str, limit: int = LIMIT) -> list[str]:
 
 def target_candidates(
     workspace: Workspace, typed: str, root: str | None = None, limit: int = LIMIT
-) -> list[str]:
+) -> list[Candidate]:
     """Completions of one target as a magic reads it: the first dotted part names a model
     variable (``model.la`` → ``model.layer1``…) or a child of the current model (or of
     ``root``, the model the command already names), as in :meth:`Workspace.split_root`."""
@@ -83,15 +104,15 @@ def target_candidates(
     if dot:
         named = workspace.module(head)
         if named is not None and (root is None or head == root):
-            return [f"{head}.{path}" for path in module_paths(named, rest, limit)]
+            return tagged((f"{head}.{path}" for path in module_paths(named, rest, limit)), "block")
     try:
         _, model = workspace.resolve_model(root)
     except TorchMagicError:  # no model, or several and none current: names only
         model = None
     names = [root] if root is not None else _models(workspace)
-    found = [name for name in names if not dot and name.startswith(typed)]
+    found = tagged((name for name in names if not dot and name.startswith(typed)), "model")
     if model is not None:
-        found += module_paths(model, typed, limit)
+        found += tagged(module_paths(model, typed, limit), "block")
     return found[:limit]
 
 
@@ -131,7 +152,7 @@ def _is_loss(name: str, value: object, namespace: Mapping[str, object]) -> bool:
     return True
 
 
-def variables(workspace: Workspace, kind: str, typed: str, limit: int = LIMIT) -> list[str]:
+def variables(workspace: Workspace, kind: str, typed: str, limit: int = LIMIT) -> list[Candidate]:
     """User variables of ``kind`` whose names start with ``typed``: ``"model"`` (models
     with parameters, not part of another bound model), ``"optimizer"``, ``"loader"`` (see
     :func:`is_loader`), ``"loss"`` (the built-in names, then callables the loss
@@ -151,11 +172,57 @@ def variables(workspace: Workspace, kind: str, typed: str, limit: int = LIMIT) -
         names = sorted(RULES)
     else:
         raise ValueError(f"unknown kind of variable {kind!r}")
-    return [name for name in names if name.startswith(typed)][:limit]
+    shown = "class" if kind == "optimizer_class" else kind
+    return tagged([name for name in names if name.startswith(typed)][:limit], shown)
 
 
-def cuda_devices() -> list[str]:
+def cuda_devices() -> list[Candidate]:
     """``cuda`` and ``cuda:N`` for each visible device; counting them does not
     initialise CUDA."""
     count = torch.cuda.device_count()
-    return ["cuda", *(f"cuda:{i}" for i in range(count))] if count else []
+    return tagged(["cuda", *(f"cuda:{i}" for i in range(count))] if count else [], "device")
+
+
+@cache
+def _torchvision_models() -> tuple[str, ...]:
+    from torchvision import models
+
+    return tuple(models.list_models())
+
+
+@cache
+def _timm_models() -> tuple[str, ...]:
+    import timm
+
+    return tuple(timm.list_models())
+
+
+def zoo_models(typed: str, limit: int = LIMIT) -> list[Candidate]:
+    """Model names ``load_model`` builds that start with ``typed``: torchvision's, timm's
+    after ``timm:`` (and bare, once timm is imported: importing it takes seconds, too long
+    for a TAB), and the source prefixes themselves. The lists are read once."""
+    source, colon, rest = typed.partition(":")
+    if colon:
+        if source != "timm" or importlib.util.find_spec("timm") is None:
+            return []
+        return tagged(
+            islice((f"timm:{n}" for n in _timm_models() if n.startswith(rest)), limit), "model"
+        )
+    names: Iterable[str] = _torchvision_models()
+    if "timm" in sys.modules:
+        torchvision = set(names)
+        names = [*names, *(n for n in _timm_models() if n not in torchvision)]
+    prefixes = [f"{s}:" for s in SOURCES if s != "torchvision" and f"{s}:".startswith(typed)]
+    found = tagged(prefixes, "source") + tagged((n for n in names if n.startswith(typed)), "model")
+    return found[:limit]
+
+
+def zoo_weights(model_name: str, typed: str) -> list[Candidate]:
+    """The weights ``load_model`` takes for ``model_name``: DEFAULT, none, and a torchvision
+    model's named sets (IMAGENET1K_V2…)."""
+    names = ["DEFAULT", "none"]
+    if model_name in _torchvision_models():
+        from torchvision import models
+
+        names += [m for m in models.get_model_weights(model_name).__members__ if m != "DEFAULT"]
+    return tagged((n for n in names if n.startswith(typed)), "weights")

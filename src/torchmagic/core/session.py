@@ -17,6 +17,7 @@ text of a magic line is the grammar's job. Refusals name the Python parameter at
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import weakref
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from . import checkpoint, distributed
+from .advice import Advice, Call, Command, as_advice, spelled
 from .checkpoint import ResumeReport, SaveReport
 from .devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from .devices.compare import CompareReport, compare
@@ -218,7 +220,10 @@ class Session:
         if not isinstance(value, str):
             return value
         if value not in self.workspace.namespace:
-            raise TorchMagicError(f"no variable named '{value}' for {param}", param=param)
+            names = [name for name, _ in self.workspace.items()]
+            close = difflib.get_close_matches(value, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise TorchMagicError(f"no variable named '{value}' for {param}{hint}", param=param)
         return self.workspace.namespace[value]
 
     def _replay(
@@ -237,7 +242,7 @@ class Session:
     def _run(
         self,
         action: str,
-        command: str,
+        command: Command,
         target: edits.BoundModel,
         dry_run: bool,
         step: Callable[[Transaction], Effect],
@@ -271,8 +276,8 @@ class Session:
 
         change, dropped = uninterrupted(lambda: self._atomically(target, apply, dry_run, replay))
         if dropped:
-            notes = (*change.effect.notes, self._dropped(dropped))
-            change = replace(change, effect=replace(change.effect, notes=notes))
+            told = (*change.effect.notes, self._dropped(dropped))
+            change = replace(change, effect=replace(change.effect, notes=told))
         return change
 
     def _atomically(
@@ -333,7 +338,7 @@ class Session:
         bn: str | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Stop training ``targets``: requires_grad off, out of the optimizer (state set
         aside for undo), BatchNorm per policy. No targets means the whole model."""
@@ -341,7 +346,7 @@ class Session:
         target, selection = self._selection(targets, exclude, optimizer)
         return self._run(
             "freeze",
-            command or _call("freeze", *targets, exclude=list(exclude) or None, bn=bn),
+            command or _call("freeze", *targets, exclude=tuple(exclude) or None, bn=bn),
             target,
             dry_run,
             lambda tx: edits.freeze(target, selection, policy, tx),
@@ -356,7 +361,7 @@ class Session:
         exclude: Sequence[str] = (),
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Train ``targets`` again, each block in its own named param group.
 
@@ -370,7 +375,7 @@ class Session:
         lrs = spread_lrs(lr_spec, len(selection.blocks))
         return self._run(
             "unfreeze",
-            command or _call("unfreeze", *targets, lr=lr, wd=wd, exclude=list(exclude) or None),
+            command or _call("unfreeze", *targets, lr=lr, wd=wd, exclude=tuple(exclude) or None),
             target,
             dry_run,
             lambda tx: edits.unfreeze(
@@ -394,7 +399,7 @@ class Session:
         labels: Sequence[str] | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Swap the head for a fresh layer with ``num_classes`` outputs.
 
@@ -418,7 +423,7 @@ class Session:
         target, root_name, root = self._one_module(None if where == "auto" else where, optimizer)
         return self._run(
             "replace_head",
-            command or _call("replace_head", where, num_classes, dropout=dropout),
+            command or _call("replace_head", where or "auto", num_classes, dropout=dropout),
             target,
             dry_run,
             lambda tx: edits.replace_head(
@@ -444,7 +449,7 @@ class Session:
         lr: float | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``) on the
         Linear / Conv2d / Embedding layers ``targets`` name or contain, in place: their base weights
@@ -470,7 +475,7 @@ class Session:
         *,
         optimizer: str | None = None,
         dry_run: bool = False,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Fold the (current) model's LoRA adapters into its weights: the layers get their
         old names and types back, trainable as before :meth:`lora`; the adapters leave the
@@ -485,11 +490,11 @@ class Session:
             Replay("merge_lora", (), ()),
         )
 
-    def lora_off(self, model: str | None = None, *, command: str | None = None) -> Change:
+    def lora_off(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The (current) model without its LoRA adapters' contribution (kept, not merged)."""
         return self._lora_switch(model, False, command or _call("lora_off", model=model))
 
-    def lora_on(self, model: str | None = None, *, command: str | None = None) -> Change:
+    def lora_on(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The LoRA adapters switched off by :meth:`lora_off` contribute again."""
         return self._lora_switch(model, True, command or _call("lora_on", model=model))
 
@@ -498,7 +503,7 @@ class Session:
         model_checks.check_editable(target.model, target.model_name)
         return target
 
-    def _lora_switch(self, model: str | None, on: bool, command: str) -> Change:
+    def _lora_switch(self, model: str | None, on: bool, command: Command) -> Change:
         target = self._lora_target(model, None)
         action = "lora_on" if on else "lora_off"
         return self._run(
@@ -510,8 +515,15 @@ class Session:
             Replay(action, (), ()),
         )
 
-    def summary(self, where: str | None = None, depth: int | None = None) -> SummaryReport:
-        """A bounded table of the model (or a sub-tree) with trainable state and groups."""
+    def summary(
+        self,
+        where: str | None = None,
+        depth: int | None = None,
+        input_shape: Sequence[int] | None = None,
+    ) -> SummaryReport:
+        """A bounded table of the model (or a sub-tree) with trainable state and groups;
+        with ``input_shape`` (batch first, ``(1, 3, 224, 224)``) each module's output shape
+        and bytes too, from one forward on the meta device (no memory, no arithmetic)."""
         if depth is not None and depth < 0:
             raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
         target, relative_name, root = self._one_module(where, reading=True)
@@ -525,6 +537,7 @@ class Session:
             scheduler_names=target.names,
             depth=self.config.summary_depth if depth is None else depth,
             max_rows=self.config.summary_max_rows,
+            input_shape=input_shape,
         )
 
     # -- session ---------------------------------------------------------------------
@@ -566,7 +579,7 @@ class Session:
     def _refuse_undo(self, record: Record) -> None:
         """Refuse, before anything changes, an undo that would leave the model and its
         live optimizer inconsistent."""
-        command = record.change.command
+        command = spelled(record.change.command)
         fix = "make the opposite change instead, or clear the history"
         if record.stale == REPLAYED:
             raise TorchMagicError(
@@ -601,7 +614,7 @@ class Session:
         if reason:
             raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")
 
-    def undone(self) -> tuple[str, ...]:
+    def undone(self) -> tuple[Command, ...]:
         """The commands :meth:`undo` reverted, oldest first."""
         return tuple(self._history.undone)
 
@@ -627,7 +640,7 @@ class Session:
             record.change,
             effect=Effect(record.change.effect.modules, record.change.effect.params),
             action="undo",
-            command=f"undo {record.change.command}",
+            command=("undo ", *as_advice(record.change.command)),
             before=before,
             after=count(model),
             groups=describe_groups(
@@ -800,7 +813,7 @@ class Session:
             if before < e.index <= after
         }
         steps: list[tuple[tuple[int, int], str, str]] = [
-            ((e.index, 0), python_call(e.replay), e.command)
+            ((e.index, 0), python_call(e.replay), spelled(e.command))
             for e in self._history.applied(target.model)
             if e.replay is not None and e.index not in made_by_fits
         ]
@@ -1232,7 +1245,10 @@ class Session:
                 block,
                 lr=lr,
                 optimizer=optimizer,
-                command=f"unfreeze {block} lr={lr:.3g} ({plan.label}, after epoch {epoch})",
+                command=(
+                    *_call("unfreeze", f"{name}.{block}", lr=lr),
+                    f" ({plan.label}, after epoch {epoch})",
+                ),
             )
 
         claimed: set[int] = set()
@@ -1289,12 +1305,16 @@ class Session:
             for i, (b, r) in enumerate(zip(bases, result.ratios, strict=True))
             if b > 0
         }
+        group = result.reference_name
         change = self.set_base_lrs(
             new,
             model=target.model_name,
             optimizer=optimizer,
-            command=f"lr_find apply: base lr {suggestion:.3g} for {result.reference_name}, "
-            "others in proportion",
+            command=(
+                *_call("lr_find", apply=True),
+                f": base lr {suggestion:.3g} for {'group ' * group.isdigit()}{group}, "
+                "others in proportion",
+            ),
         )
         return replace(result, applied=change)
 
@@ -1304,7 +1324,7 @@ class Session:
         *,
         model: str | None = None,
         optimizer: str | None = None,
-        command: str | None = None,
+        command: Command | None = None,
     ) -> Change:
         """Set the base lr of param groups by index (``{0: 1e-3, 2: 1e-4}``), every
         scheduler kept in step, as one undoable command (what ``lr_find(apply=True)``
@@ -1313,7 +1333,7 @@ class Session:
         lrs = dict(lrs)
         return self._run(
             "set_lr",
-            command or _call("set_base_lrs", lrs),
+            command or _call("set_base_lrs", lrs=lrs),
             target,
             False,
             lambda tx: set_base_lrs(target, lrs, tx),
@@ -1463,11 +1483,11 @@ def _checked_lr(lr: LrSpec) -> LrSpec:
     return check_positive(lr, "lr")
 
 
-def _call(action: str, *args: object, **kwargs: object) -> str:
-    """The command as the Python call that did it, for the history: ``freeze('layer1')``."""
-    parts = [repr(a) for a in args]
-    parts += [f"{key}={value!r}" for key, value in kwargs.items() if value is not None]
-    return f"{action}({', '.join(parts)})"
+def _call(action: str, *args: str | int, **kwargs: object) -> Advice:
+    """The command as the session call that did it, for the history; each front end
+    spells it (``tm.freeze("layer1")``, ``%freeze layer1``)."""
+    options = tuple((key, value) for key, value in kwargs.items() if value is not None)
+    return (Call(action, args, options),)
 
 
 def _options(**options: object) -> tuple[tuple[str, object], ...]:

@@ -10,6 +10,7 @@ the usage line from the manifest.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from .. import render
 from ..core import Session, TorchMagicError
 from ..core.advice import spelled
 from ..core.surgery.grammar import split_options
-from ..manifest import subcommand_usage, usage
+from ..manifest import help_text, magic_entry, short_usage, subcommand_usage, usage
 from ..render.spelling import calls_spelled
 from .spelling import magic_line
 
@@ -150,7 +151,7 @@ def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") ->
         return text
     own = spoken.get(error.param)
     message = text if own is None else speak_flag(text, error.param, own)
-    return f"{message}; usage: {usage(real_name(magic), kind)}"
+    return f"{message}; usage: {short_usage(real_name(magic), kind, message)}"
 
 
 def strip_comment(line: str) -> str:
@@ -176,15 +177,65 @@ def strip_comment(line: str) -> str:
 def parse(magic: MagicFunction, line: str) -> argparse.Namespace:
     """argparse over shell-like tokens; options and targets may be interleaved; a trailing
     ``# comment`` is dropped. A line the shell-like split cannot read (an unclosed quote, a
-    trailing backslash) is one ``UsageError``."""
+    trailing backslash) or argparse refuses is one ``UsageError`` line: the problem, the
+    fix where one is likely (``did you mean --epochs?``), the usage."""
+    name = real_name(magic)
     try:
         words = arg_split(strip_comment(line), posix=True)
     except ValueError as error:  # shlex: "No closing quotation", "No escaped character"
         hint = "close the quote" if "quotation" in str(error) else "escape the backslash (\\\\)"
-        raise UsageError(
-            f"cannot read the line: {str(error).lower()}; {hint}; usage: {usage(real_name(magic))}"
-        ) from None
-    return magic.parser.parse_intermixed_args(words)  # type: ignore[attr-defined]
+        problem = f"cannot read the line: {str(error).lower()}; {hint}"
+        raise UsageError(f"{problem}; usage: {short_usage(name)}") from None
+    parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
+    try:
+        return parser.parse_intermixed_args(words)
+    except UsageError as error:
+        problem = argparse_problem(parser, str(error))
+        raise UsageError(f"{problem}; usage: {short_usage(name, mentioned=problem)}") from None
+
+
+_INVALID = re.compile(r"argument (\S+): invalid (\w+) value: '(.*)'$")
+_CHOICE = re.compile(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$")
+_EXPECTED = re.compile(r"argument (\S+): expected (.*)$")
+_TYPES = {"int": "a whole number", "float": "a number"}
+
+
+def argparse_problem(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's refusal said the way the usage line reads: the option and what it
+    takes, the closest real option or choice for a misspelt one."""
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    options = [o for a in actions for o in a.option_strings]
+    if message.startswith("unrecognized arguments: "):
+        words = message.removeprefix("unrecognized arguments: ").split()
+        unknown = [w for w in words if w.startswith("--")]
+        if not unknown:
+            return f"unexpected {' '.join(words)!r}: more arguments than %{parser.prog} takes"
+        close = difflib.get_close_matches(unknown[0].partition("=")[0], options, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"unknown option {unknown[0]}{hint}"
+    if found := _INVALID.match(message):
+        option, kind, value = found.groups()
+        return f"{option} takes {_TYPES.get(kind, kind)}, got '{value}'"
+    if found := _CHOICE.match(message):
+        option, value, choices = found.groups()
+        names = [c.strip(" '") for c in choices.split(",")]
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{option} takes {' | '.join(names)}, got '{value}'{hint}"
+    if found := _EXPECTED.match(message):
+        option = found.group(1)
+        action = next((a for a in actions if option in a.option_strings), None)
+        value = str(action.metavar) if action is not None and action.metavar else "a value"
+        return f"{option} needs {value} after it"
+    if message.startswith("the following arguments are required: "):
+        missing = message.removeprefix("the following arguments are required: ").split(", ")
+        spelled: list[str] = []
+        for word in missing:
+            action = next((a for a in actions if word in (a.dest, *a.option_strings)), None)
+            metavar = str(action.metavar) if action is not None and action.metavar else ""
+            spelled.append(f"{word} {metavar}".strip() if word.startswith("-") else metavar or word)
+        return f"missing {', '.join(spelled)}"
+    return message
 
 
 class TopicMagics(Magics):
@@ -196,6 +247,20 @@ class TopicMagics(Magics):
     def __init__(self, shell, settings: TorchMagics) -> None:
         super().__init__(shell=shell)
         self.settings = settings
+        self._document()
+
+    def _document(self) -> None:
+        """Each magic's docstring (``%fit?``) becomes its usage from the manifest, the text
+        ``%tm help fit`` shows, instead of argparse's (options first, ``::``, no defaults)."""
+        table = type(self).magics  # kind → magic name → method name
+        methods = {m: n for names in table.values() for n, m in names.items()}
+        for method, name in methods.items():
+            kinds = [k for k in ("line", "cell") if name in table[k]]
+            try:
+                texts = [help_text(magic_entry(name, kind)) for kind in kinds]
+            except KeyError:  # a manifest not regenerated yet (test_manifest fails): argparse's
+                continue
+            getattr(type(self), method).__doc__ = "\n\n".join(texts)
 
     @property
     def session(self) -> Session:
@@ -226,7 +291,8 @@ class TopicMagics(Magics):
         is atomic: applied, and in the history, or not at all) the user is told so."""
         before = self._history_marks()
         try:
-            yield
+            with calls_spelled(magic_line):  # what it shows names commands as magics
+                yield
         except KeyboardInterrupt:
             if self._history_marks() != before:
                 self.show(
@@ -257,12 +323,12 @@ class TopicMagics(Magics):
         entry = table.by_name.get(first)
         if entry is None and first and table.other is not None:
             entry, rest = table.other, list(words)
+        if entry is None and first:
+            close = difflib.get_close_matches(first, [e.name for e in table.entries], n=1)
+            hint = f"; did you mean %{name} {close[0]}?" if close else ""
+            raise UsageError(f"unknown subcommand '{first}'{hint}; usage: {usage(name)}")
         if entry is None:
-            raise UsageError(
-                f"unknown subcommand '{first}'; usage: {usage(name)}"
-                if first
-                else f"%{name} needs a subcommand; usage: {usage(name)}"
-            )
+            raise UsageError(f"%{name} needs a subcommand; usage: {usage(name)}")
         fewest, most = entry.arity
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")

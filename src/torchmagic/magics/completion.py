@@ -10,7 +10,7 @@ IPython's own (Python keywords, other magics, ``%%latex`` for ``%freeze la``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,9 +39,20 @@ OPTION_VALUES = {
     "optimizer": "optimizer",
     "loss": "loss",
     "optimizer_class": "optimizer_class",
+    "unfreeze": "blocks",  # layer4,layer3,…
+    "weights": "weights",
+}
+# What each magic's positional words are, by the argument's ``dest``.
+POSITIONALS = {
+    "targets": "targets",  # %freeze / %unfreeze: targets, then key=value options
+    "where": "target",  # %summary MODEL: a model or a path inside it
+    "spec": "head",  # %replace_head [TARGET|auto] N
+    "name": "zoo",  # %load_model NAME
+    "names": "model_and_loader",  # %fit / %lr_find / %fine_tune [MODEL] TRAIN_LOADER
 }
 # What an uppercase word of a subcommand's usage stands for (``%tm use NAME``).
-USAGE_WORDS = {"MODEL": "model", "NAME": "model", "LOADER": "loader"}
+USAGE_WORDS = {"MODEL": "model", "NAME": "model", "LOADER": "loader", "MAGIC": "magic"}
+Items = list[completion.Candidate]
 
 
 @dataclass
@@ -89,11 +100,16 @@ def _is_option(word: str) -> bool:
     return word.startswith("-") and not word[1:2].isdigit()
 
 
-def _usage_slots(usage: str, skip: int) -> list[list[str]]:
-    """The alternatives of each word a usage line takes after its first ``skip`` words:
-    ``%amp on [auto|bf16|fp16]`` (skip 2) → [["auto", "bf16", "fp16"]]."""
+def _usage_slots(usage: str, skip: int) -> list[tuple[list[str], bool]]:
+    """The alternatives of each word a usage line takes after its first ``skip`` words,
+    and whether the word may be left out: ``%amp on [auto|bf16|fp16]`` (skip 2) →
+    [(["auto", "bf16", "fp16"], True)]."""
     words = _OPTION_IN_USAGE.sub("", usage).split()[skip:]
-    return [word.strip("[]").split("|") for word in words]
+    return [(word.strip("[]").split("|"), word.startswith("[")) for word in words]
+
+
+def _option_items(names: Iterable[str]) -> Items:
+    return completion.tagged(names, "option")
 
 
 class MagicCompleter:
@@ -113,19 +129,20 @@ class MagicCompleter:
     @context_matcher(identifier="torchmagic", priority=1)
     def matcher(self, context: CompletionContext) -> dict[str, object]:
         """IPython's entry point: a ``SimpleMatcherResult`` whose answers suppress the
-        other matchers'."""
+        other matchers'; each answer's type is what it names (model, block, loader,
+        option…)."""
         found = self.complete(context.text_until_cursor, first_line=context.cursor_line == 0)
         if found is None:
             return {"completions": [], "suppress": False}
         fragment, matches = found
         return {
-            "completions": [SimpleCompletion(m, type="torchmagic") for m in matches],
+            "completions": [SimpleCompletion(m, type=m.kind) for m in matches],
             "matched_fragment": fragment,
             "suppress": True,
             "ordered": True,
         }
 
-    def complete(self, text: str, first_line: bool = True) -> tuple[str, list[str]] | None:
+    def complete(self, text: str, first_line: bool = True) -> tuple[str, Items] | None:
         """(the text replaced, its completions) for a line of ours up to the cursor;
         None for any other line, or while the magic's name is being typed."""
         match = _MAGIC_LINE.match(text)
@@ -144,43 +161,53 @@ class MagicCompleter:
             return fragment, []
         line = read_line(entry, rest[: len(rest) - len(fragment)].split(), fragment)
         matches = self._candidates(line)
-        return fragment, matches[: completion.LIMIT]
+        return fragment, _unique(matches)[: completion.LIMIT]
 
     # -- what may come at the cursor -------------------------------------------------
 
-    def _candidates(self, line: Line) -> list[str]:
+    def _candidates(self, line: Line) -> Items:
         fragment = line.fragment
         if fragment.startswith("--") and "=" in fragment:  # `--bn=e`
             name, _, typed = fragment.partition("=")
             arg = line.option(name)
             values = self._option_values(arg, typed, line) if arg else []
-            return [f"{name}={value}" for value in values]
+            return [completion.Candidate(f"{name}={v}", v.kind) for v in values]
         if _is_option(fragment):
             return self._option_names(line)
         if line.pending is not None:
             return self._option_values(line.pending, fragment, line)
         if "subcommands" in line.entry:
-            return self._subcommand_words(line)
-        return self._positionals(line)
+            found = self._subcommand_words(line)
+        else:
+            found = self._positionals(line)
+        # nothing more to name at the cursor: the options that may follow
+        return found or (self._option_names(line) if not fragment else [])
 
-    def _option_names(self, line: Line) -> list[str]:
+    def _option_names(self, line: Line) -> Items:
         """The magic's options; with subcommands, those of the one chosen (its usage)."""
         names = list(line.options)
         subcommand = self._subcommand(line)
         if subcommand is not None:
             own = {o[1:-1].split()[0] for o in _OPTION_IN_USAGE.findall(subcommand["usage"])}
             names = [n for n in names if n in own]
-        return [n for n in names if n.startswith(line.fragment)]
+        return _option_items(n for n in names if n.startswith(line.fragment))
 
-    def _option_values(self, arg: dict, typed: str, line: Line) -> list[str]:
+    def _option_values(self, arg: dict, typed: str, line: Line) -> Items:
         if "choices" in arg:
-            return [c for c in arg["choices"] if c.startswith(typed)]
+            return completion.tagged((c for c in arg["choices"] if c.startswith(typed)), "value")
         kind = OPTION_VALUES.get(arg["dest"])
+        workspace = self.workspace
         if kind == "target":
-            return completion.target_candidates(self.workspace, typed, root=self._root(line))
+            return completion.target_candidates(workspace, typed, root=self._root(line))
+        if kind == "blocks":  # a comma-separated list: complete its last block
+            done, comma, last = typed.rpartition(",")
+            found = completion.target_candidates(workspace, last, root=self._root(line))
+            return [completion.Candidate(done + comma + c, c.kind) for c in found]
+        if kind == "weights":
+            return completion.zoo_weights(next(iter(line.positionals), ""), typed)
         if kind is None:
             return []
-        return completion.variables(self.workspace, kind, typed)
+        return completion.variables(workspace, kind, typed)
 
     def _root(self, line: Line) -> str | None:
         """The model variable the command's targets already name, if any."""
@@ -191,33 +218,46 @@ class MagicCompleter:
                 return head
         return None
 
-    def _positionals(self, line: Line) -> list[str]:
-        name, slot, typed = line.entry["name"], len(line.positionals), line.fragment
-        workspace = self.workspace
+    def _positionals(self, line: Line) -> Items:
+        """What the magic's positional argument takes at the cursor (``POSITIONALS``)."""
+        typed, slot = line.fragment, len(line.positionals)
         if line.entry["kind"] == "cell":
-            return self._usage_values(_usage_slots(line.entry["usage"], 1), slot, typed)
-        if name in ("freeze", "unfreeze"):
-            return self._targets_and_keys(line)
-        if name == "summary" and slot == 0:
+            return self._usage_values(_usage_slots(line.entry["usage"], 1), [], typed)
+        dests = [a["name"] for a in line.entry["arguments"] if a["kind"] == "positional"]
+        kind = POSITIONALS.get(dests[0]) if dests else None  # None: options only
+        workspace = self.workspace
+        keys = _option_items(
+            f"{k['name']}=" for k in line.entry["key_values"] if k["name"].startswith(typed)
+        )
+        if kind == "targets":
+            targets = completion.target_candidates(workspace, typed, root=self._root(line))
+            return targets + (keys if typed else [])
+        if kind == "target" and slot == 0:
             return completion.target_candidates(workspace, typed)
-        if name == "replace_head" and slot == 0:
-            return ["auto"][: "auto".startswith(typed)] + completion.target_candidates(
-                workspace, typed
-            )
-        if name == "fit" and slot == 0:
+        if kind == "head" and slot == 0:
+            auto = completion.tagged(["auto"] if "auto".startswith(typed) else [], "value")
+            return auto + completion.target_candidates(workspace, typed) + (keys if typed else [])
+        if kind == "head":
+            return keys if typed else []
+        if kind == "zoo" and slot == 0:
+            return completion.zoo_models(typed)
+        if kind == "model_and_loader" and slot == 0:
             return completion.variables(workspace, "model", typed) + completion.variables(
                 workspace, "loader", typed
             )
-        if name == "fit" and slot == 1 and workspace.module(line.positionals[0]) is not None:
-            return completion.variables(workspace, "loader", typed)
+        if kind == "model_and_loader" and slot == 1:
+            if workspace.module(line.positionals[0]) is not None:
+                return completion.variables(workspace, "loader", typed)
         return []
 
-    def _targets_and_keys(self, line: Line) -> list[str]:
+    def _targets_and_keys(self, line: Line) -> Items:
         """Module targets, and the magic's ``key=`` options once a word is begun."""
         typed = line.fragment
-        keys = [f"{k['name']}=" for k in line.entry["key_values"]]
+        keys = _option_items(
+            f"{k['name']}=" for k in line.entry["key_values"] if k["name"].startswith(typed)
+        )
         targets = completion.target_candidates(self.workspace, typed, root=self._root(line))
-        return targets + [k for k in keys if k.startswith(typed) and typed]
+        return targets + (keys if typed else [])
 
     # -- subcommands -----------------------------------------------------------------
 
@@ -229,39 +269,74 @@ class MagicCompleter:
             return None
         return table.get(line.positionals[0], table.get("*"))
 
-    def _subcommand_words(self, line: Line) -> list[str]:
+    def _subcommand_words(self, line: Line) -> Items:
         typed = line.fragment
         subcommand = self._subcommand(line)
         entries = line.entry["subcommands"]
         if subcommand is None:  # the first word: a subcommand, or the catch-all's word
             names = [s["name"] for s in entries if s["name"] not in ("", "*")]
+            found = completion.tagged((n for n in names if n.startswith(typed)), "subcommand")
             catch_all = [s for s in entries if s["name"] == "*"]
-            found = [n for n in names if n.startswith(typed)]
-            if catch_all and _usage_slots(catch_all[0]["usage"], 1)[0] == ["TARGETS"]:
-                found += self._targets_and_keys(line)  # `%lora blocks.*.attn.qkv`
+            if catch_all and _takes_targets(catch_all[0]):  # `%lora blocks.*.attn.qkv`
+                found += self._targets_and_keys(line)
             elif catch_all:
-                found += self._usage_values(_usage_slots(catch_all[0]["usage"], 1), 0, typed)
+                found += self._usage_values(_usage_slots(catch_all[0]["usage"], 1), [], typed)
             return found
         if subcommand["name"] == "*":
-            takes_targets = _usage_slots(subcommand["usage"], 1)[0] == ["TARGETS"]
-            return self._targets_and_keys(line) if takes_targets else []
-        slots = _usage_slots(subcommand["usage"], 2)
-        return self._usage_values(slots, len(line.positionals) - 1, typed)
+            return self._targets_and_keys(line) if _takes_targets(subcommand) else []
+        return self._usage_values(_usage_slots(subcommand["usage"], 2), line.positionals[1:], typed)
 
-    def _usage_values(self, slots: list[list[str]], slot: int, typed: str) -> list[str]:
-        """What the usage line allows at ``slot``: its literal words, the variables its
-        uppercase words stand for, the visible CUDA devices for ``cuda:N``."""
-        if slot >= len(slots):
-            return []
-        found: list[str] = []
-        for word in slots[slot]:
+    def _usage_values(
+        self, slots: list[tuple[list[str], bool]], done: Sequence[str], typed: str
+    ) -> Items:
+        """What the usage line allows after the words ``done``: its literal words, the
+        variables its uppercase words stand for, the visible CUDA devices for ``cuda:N``.
+        A word that may be left out (``[MODEL] LOADER``) is skipped when what was typed
+        there is not one; at the cursor, the next word's values come with its own."""
+        slot = 0
+        for word in done:
+            while slot < len(slots) and slots[slot][1] and not self._fits(slots[slot][0], word):
+                slot += 1
+            slot += 1
+        found: Items = []
+        while slot < len(slots):
+            words, optional = slots[slot]
+            found += self._slot_values(words, typed)
+            if not optional:
+                break
+            slot += 1
+        return found
+
+    def _fits(self, words: list[str], typed: str) -> bool:
+        """``typed`` is one of a slot's words (a model variable for ``MODEL``)."""
+        return any(str(c) == typed for c in self._slot_values(words, typed))
+
+    def _slot_values(self, words: list[str], typed: str) -> Items:
+        found: Items = []
+        for word in words:
             if word == "cuda:N":
                 found += completion.cuda_devices()
+            elif word == "MAGIC":
+                found += completion.tagged(_magic_names(self.entries), "magic")
             elif word in USAGE_WORDS:
                 found += completion.variables(self.workspace, USAGE_WORDS[word], "")
             elif word.islower():
-                found.append(word)
+                found.append(completion.Candidate(word, "value"))
         return [w for w in found if w.startswith(typed)]
+
+
+def _magic_names(entries: dict) -> list[str]:
+    """``fit``, ``amp`` and ``%%amp``: what ``%tm help`` takes."""
+    return [name if kind == "line" else f"%%{name}" for name, kind in entries]
+
+
+def _unique(items: Items) -> Items:
+    """The first of each text (a model variable offered as a model and as a loader's
+    model, say)."""
+    first: dict[str, completion.Candidate] = {}
+    for item in items:
+        first.setdefault(str(item), item)
+    return list(first.values())
 
 
 def register(shell: InteractiveShell, settings: TorchMagics) -> MagicCompleter:
@@ -275,3 +350,9 @@ def unregister(shell: InteractiveShell, completer: MagicCompleter) -> None:
     """Take it out again (``%unload_ext``)."""
     matchers = shell.Completer.custom_matchers
     matchers[:] = [m for m in matchers if getattr(m, "__self__", None) is not completer]
+
+
+def _takes_targets(subcommand: dict) -> bool:
+    """Whether a subcommand's first word is module targets (``%lora TARGETS …``)."""
+    slots = _usage_slots(subcommand["usage"], 1)
+    return bool(slots) and slots[0][0] == ["TARGETS"]

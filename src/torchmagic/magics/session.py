@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import render
 from ..core.surgery.results import CommandHistory
-from ..manifest import load_manifest
+from ..manifest import help_text, load_manifest, magic_named
 from ..render.base import human_bytes
 from .base import Subcommand, TopicMagics, parse, strip_comment, subcommands
 
@@ -55,15 +55,17 @@ class SessionMagics(TopicMagics):
         return render.render(self.session.export(words[0]), self.width)
 
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.render(render.ManifestHelp(load_manifest()), self.width)
+        if not words:
+            return render.render(render.ManifestHelp(load_manifest()), self.width)
+        entry = magic_named(words[0])
+        return render.render(render.MagicHelp(entry, help_text(entry)), self.width)
 
     @magic_arguments()
     @argument(
         "words",
         nargs="*",
-        metavar="history|undo|clear|use NAME|fits|doctor|save PATH|load PATH|export PATH.py|help",
-        help="history | undo | clear | use NAME | fits | doctor | save PATH | load PATH | "
-        "export PATH.py | help",
+        metavar="SUBCOMMAND",
+        help="a subcommand and its words (listed below)",
     )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
@@ -89,15 +91,20 @@ class SessionMagics(TopicMagics):
             words="PATH.py",
             arity=(1, 1),
         ),
-        Subcommand("help", _help, "every magic with its usage and an example"),
+        Subcommand(
+            "help",
+            _help,
+            "every magic in a line; with MAGIC, its full usage",
+            words="[MAGIC]",
+            arity=(0, 1),
+        ),
     )
     @line_magic
     def tm(self, line: str) -> None:
         """Session commands: list the mutating commands, undo the last one, clear the
-        history, pick the
-        current model, compare every %fit run side by side, diagnose the classic
-        transfer-learning mistakes, save / load the training state, export the commands
-        as a script, show this table."""
+        history, pick the current model, compare every %fit run side by side, diagnose the
+        classic transfer-learning mistakes, save / load the training state, export the
+        commands as a script, show the help of every magic or of one."""
         args = parse(self.tm, line)
         with self.interrupts(f"%tm {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.tm, args.words, args))

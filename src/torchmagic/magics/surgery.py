@@ -19,6 +19,7 @@ from ..core.surgery.grammar import (
     parse_labels,
     parse_lr,
     parse_positive_float,
+    parse_shape,
     parse_weight_decay,
 )
 from .base import (
@@ -305,11 +306,22 @@ class SurgeryMagics(TopicMagics):
         metavar="N",
         help="how deep the tree goes (default: TorchMagics.summary_depth)",
     )
+    @argument(
+        "--input-shape",
+        "--input-size",
+        dest="input_shape",
+        default=None,
+        metavar="SHAPE",
+        help="an input's shape, batch first (1,3,224,224): each module's output shape and "
+        "bytes, from one forward on the meta device",
+    )
     @line_magic
     def summary(self, line: str) -> None:
         """A bounded table of modules: parameters, trainable/frozen/partial, BatchNorm mode,
-        optimizer group and lr, with totals in bytes."""
+        optimizer group and lr, with totals in bytes; with --input-shape, each module's
+        output shape and bytes (one forward on the meta device: no memory, no arithmetic)."""
         args = parse(self.summary, line)
         with self.refusals(self.summary):
-            report = self.session.summary(args.where, depth=args.depth)
+            shape = parse_shape(args.input_shape) if args.input_shape else None
+            report = self.session.summary(args.where, depth=args.depth, input_shape=shape)
         self.show(render.render(report, self.width))

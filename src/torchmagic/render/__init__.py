@@ -43,8 +43,9 @@ from . import (
     zoo,
 )
 from .base import DEFAULT_WIDTH, Rendered, human, human_bytes, lr
+from .help import MagicHelp, ManifestHelp, magic_help, manifest_help
 from .progress import FitProgress, NotebookProgress, TerminalProgress
-from .surgery import ManifestHelp, change, history, manifest_help, message, summary
+from .surgery import change, history, message, summary
 from .training import FitRuns, HistoryView, amp_status, fit_history, fits
 
 
@@ -63,7 +64,7 @@ def _fit_runs(result: FitRuns, width: int | None = None) -> Rendered:
 
 
 def _manifest_help(result: ManifestHelp, width: int | None = None) -> Rendered:
-    return surgery.manifest_help(result.manifest, width)
+    return manifest_help(result.manifest, width)
 
 
 def _fine_tune(result: FineTuneResult, width: int | None = None) -> Rendered:
@@ -96,6 +97,7 @@ for _type, _draw in (
     (SummaryReport, surgery.summary),
     (CommandHistory, _command_history),
     (ManifestHelp, _manifest_help),
+    (MagicHelp, magic_help),
     (FitHistory, training.fit_history),
     (FitRuns, _fit_runs),
     (AmpStatus, training.amp_status),
@@ -124,6 +126,7 @@ __all__ = [
     "FitProgress",
     "FitRuns",
     "HistoryView",
+    "MagicHelp",
     "ManifestHelp",
     "NotebookProgress",
     "Rendered",

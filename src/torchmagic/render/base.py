@@ -36,7 +36,9 @@ from . import theme
 # ``.jp-RenderedHTMLCommon code {white-space: pre-wrap}``, centred tables with 0.5em
 # cells): no <code>, and inline rules (!important where a stylesheet rule may carry it).
 # The block around it scrolls sideways when a table's words alone are wider than the
-# output.
+# output. Lines are tall enough for the descenders of the last one (an underscore sits
+# below the line box of ``line-height:normal`` in some fonts, and the scrolling block
+# clips it).
 _FONT = "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace;font-size:inherit"
 _HTML = (
     '<div class="torchmagic-output" style="overflow-x:auto !important;max-width:100%">'
@@ -44,8 +46,8 @@ _HTML = (
 )
 _PRE = (
     '<pre style="white-space:pre-wrap !important;overflow-wrap:normal !important;'
-    "word-break:normal !important;overflow:visible !important;margin:0;padding:0;"
-    f'background:transparent;line-height:normal;{_FONT}">{{code}}</pre>'
+    "word-break:normal !important;overflow:visible !important;margin:0;padding:0 0 2px 0;"
+    f'background:transparent;line-height:1.3;{_FONT}">{{code}}</pre>'
 )
 _TABLE = (
     '<table class="torchmagic-table" style="border-collapse:collapse;border:none;'
@@ -344,7 +346,9 @@ def _html_line(line: Sequence[Segment], words: bool = False) -> str:
         if words:
             text = _WORD.sub(r'<span style="white-space:nowrap">\g<0></span>', text)
         rules = theme.css(segment.style) if segment.style else ""
-        parts.append(f'<span style="{rules}">{text}</span>' if rules else text)
+        text = f'<span style="{rules}">{text}</span>' if rules else text
+        link = segment.style.link if segment.style else None
+        parts.append(f'<a href="{html.escape(link)}">{text}</a>' if link else text)
     return "".join(parts)
 
 

@@ -1,22 +1,25 @@
-"""Renderables for the surgery commands: changes, summaries, history and help."""
+"""Renderables for the surgery commands: changes, summaries and history."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from rich.console import Group, JustifyMethod, RenderableType
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
 from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
+from ..core.advice import Command
 from ..core.surgery.history import REBOUND, REPLAYED
+from ..core.surgery.shapes import ModuleOutput
 from . import theme
 from .base import Rendered, human, human_bytes, lr, table
+from .spelling import fix_text
 
 _STATE_STYLE = {
     "trainable": theme.style("ok"),
-    "frozen": theme.style("info"),
+    "frozen": theme.style("frozen"),
     "partial": theme.style("warning"),
 }
 _STATUS_STYLE = {"new": theme.style("ok", bold=True), "changed": theme.style("warning")}
@@ -60,10 +63,9 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             ("params", "right"),
             ("wd", "right"),
             ("tensors", "right"),
-            ("", "left"),
         ],
-        whole=("#", "group", "wd", "tensors", "params", ""),
-        hide=("tensors", "wd", "params", 6),  # 6: the new/changed marker
+        whole=("#", "group", "wd", "tensors", "params"),
+        hide=("tensors", "wd", "params"),
     )
     for g in groups:
         rate = _group_lr(g)
@@ -71,15 +73,10 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
             rate += f" ({_schedulers(g.schedulers)})"
         wd = "" if g.weight_decay is None else f"{g.weight_decay:g}"
         params = human(g.numel) if g.tensors else "(empty)"
-        drawn.add_row(
-            str(g.index),
-            group_label(g),
-            rate,
-            params,
-            wd,
-            str(g.tensors),
-            Text(g.status, style=_STATUS_STYLE.get(g.status, "")),
-        )
+        label = Text(group_label(g))
+        if g.status:  # what the command did to it, beside its name
+            label.append(f" ({g.status})", style=_STATUS_STYLE.get(g.status, ""))
+        drawn.add_row(str(g.index), label, rate, params, wd, str(g.tensors))
     parts: list[RenderableType] = [drawn]
     if not per_group and groups[0].schedulers:
         parts.append(
@@ -141,7 +138,8 @@ def _title(change: Change) -> Text:
         title.append("dry run — nothing changed · ", style=theme.style("warning", bold=True))
     if change.action == "undo":
         title.append("undid: ", style="bold")
-        title.append(change.command.removeprefix("undo "), style=theme.style("accent", bold=True))
+        undone = fix_text(change.command).removeprefix("undo ")
+        title.append(undone, style=theme.style("accent", bold=True))
         title.append(f"  ({human(effect.params)} params) in `{change.model_name}`")
         return title
     changed = [m for m in effect.modules if m not in effect.already]
@@ -170,7 +168,7 @@ def _unchanged(change: Change) -> Text:
     line = Text("nothing changed: ", style=theme.style("dim"))
     state = _ALREADY.get(change.action)
     if state is None:
-        return line.append(change.command)
+        return line.append(fix_text(change.command))
     line.append(_scope(change.effect.modules), style=theme.style("accent"))
     if change.effect.excluded:
         line.append(f" except {_names(change.effect.excluded)}")
@@ -207,7 +205,7 @@ def change(change: Change, width: int | None = None) -> Rendered:
     if bn is not None:
         parts.append(bn)
     for note in effect.notes:
-        parts.append(Text(note, style=theme.style("dim")))
+        parts.append(Text(fix_text(note), style=theme.style("dim")))
     if change.groups:
         parts += _groups(change.groups, change.optimizer_name)
     elif change.optimizer_name is None:
@@ -222,6 +220,40 @@ def _group_cell(labels: Sequence[str]) -> str:
     """The groups of one module's parameters: named while two fit, else counted (the
     groups table below names them all, and the rows of its children narrow them down)."""
     return ", ".join(labels) if len(labels) <= 2 else f"{len(labels)} groups"
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "×".join(str(n) for n in shape)
+
+
+def _shape(output: ModuleOutput | None) -> str:
+    """``1×64×56×56``; ``+2`` for more tensors returned; nothing for a module that did
+    not run."""
+    if output is None:
+        return ""
+    more = f" +{output.tensors - 1}" if output.tensors > 1 else ""
+    return (_dims(output.shape) or "scalar") + more if output.tensors else "no tensor"
+
+
+class Facts:
+    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (or the width, if
+    narrower): a totals line under a table wraps between facts, never inside one."""
+
+    def __init__(self, facts: Sequence[str], table: Table) -> None:
+        self.facts = facts
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(console.measure(self.table, options=options).maximum, 1)
+        lines = [""]
+        for fact in self.facts:
+            joined = f"{lines[-1]} · {fact}" if lines[-1] else fact
+            if len(joined) <= width or not lines[-1]:
+                lines[-1] = joined
+            else:
+                lines.append(fact)
+        for line in lines:
+            yield Text(line)
 
 
 def summary(report: SummaryReport, width: int | None = None) -> Rendered:
@@ -240,10 +272,12 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     ]
     columns += [("lr", "right"), ("group", "left")] if with_groups else []
     columns += [("BatchNorm", "left")] if with_bn else []
+    columns += [("output", "right"), ("activation", "right")] if report.shapes else []
     # the group column gives way when the rest do not fit (its labels wrap at spaces);
     # names, numbers and the BatchNorm counts stay on one line
     whole = [name for name, _ in columns if name != "group"]
-    hide = [name for name in ("BatchNorm", "group", "lr", "type") if name in dict(columns)]
+    order = ("BatchNorm", "group", "activation", "lr", "type", "output")
+    hide = [name for name in order if name in dict(columns)]
     drawn = table(f"{report.model_name} ({report.model_kind})", columns, whole, hide)
     for row in report.rows:
         name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
@@ -258,6 +292,9 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
             cells += [_lr_range(report.lrs(row)), _group_cell(labels)]
         if with_bn:
             cells.append(" ".join(f"{mode} {n}" for mode, n in row.bn.items()))
+        if report.shapes:
+            out = row.output
+            cells += [_shape(out), human_bytes(out.nbytes) if out else ""]
         drawn.add_row(*cells)
     c = report.counts
     parts: list[RenderableType] = [drawn]
@@ -268,13 +305,21 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
                 style=theme.style("dim"),
             )
         )
-    parts.append(
-        Text(
-            f"total {human(c.total)} params ({human_bytes(c.param_bytes)}) · trainable "
-            f"{human(c.trainable)} ({c.trainable_pct:.1f}%) · frozen {human(c.frozen)} · "
-            f"buffers {human_bytes(c.buffer_bytes)} · depth {report.depth}"
-        )
-    )
+    facts = [
+        f"total {human(c.total)} params ({human_bytes(c.param_bytes)})",
+        f"trainable {human(c.trainable)} ({c.trainable_pct:.1f}%)",
+        f"frozen {human(c.frozen)}",
+        f"buffers {human_bytes(c.buffer_bytes)}",
+        f"depth {report.depth}",
+    ]
+    if report.shapes:
+        shapes = report.shapes
+        facts += [
+            f"input {_dims(shapes.input_shape)}",
+            f"activations {human_bytes(shapes.activation_bytes)} (every layer's output, "
+            "one forward)",
+        ]
+    parts.append(Facts(facts, drawn))
     if report.adapter_params:
         parts.append(Text(f"LoRA adapters: {human(report.adapter_params)} params"))
     if report.groups:
@@ -282,17 +327,17 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     return Rendered(Group(*parts), width)
 
 
-def _undone(commands: Sequence[str]) -> str:
-    return f"{len(commands)} undone: {_names(commands, shown=3)}"
+def _undone(commands: Sequence[Command]) -> str:
+    return f"{len(commands)} undone: {_names([fix_text(c) for c in commands], shown=3)}"
 
 
 def _why_not_live(stale: str) -> str:
     """A resumed command is applied (just not undoable); the others are stale."""
-    return stale if stale == REPLAYED else f"stale: {stale or REBOUND}"
+    return stale if stale == REPLAYED else f"no: {stale or REBOUND}"
 
 
 def history(
-    entries: Sequence[HistoryEntry], width: int | None = None, undone: Sequence[str] = ()
+    entries: Sequence[HistoryEntry], width: int | None = None, undone: Sequence[Command] = ()
 ) -> Rendered:
     """The commands in effect; ``undone``: those ``%tm undo`` reverted, oldest first."""
     if not entries:
@@ -300,43 +345,26 @@ def history(
         return Rendered(Text(text, style=theme.style("dim")), width)
     drawn = table(
         "torchmagic history",
-        [("#", "right"), ("command", "left"), ("modules", "left"), ("model", "left"), ("", "left")],
-        whole=("#", "model"),
-        hide=("model", "modules", 4),  # 4: the stale marker
+        [
+            ("#", "right"),
+            ("command", "left"),
+            ("modules", "left"),
+            ("model", "left"),
+            ("undo", "left"),
+        ],
+        whole=("#", "model", "undo"),
+        hide=("model", "modules"),
     )
     for e in entries:
         drawn.add_row(
             str(e.index),
-            e.command,
+            fix_text(e.command),
             _names(e.modules),
             e.model_name,
-            "" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
+            "yes" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
         )
     if undone:
         return Rendered(Group(drawn, Text(_undone(undone), style=theme.style("dim"))), width)
-    return Rendered(drawn, width)
-
-
-@dataclass(frozen=True)
-class ManifestHelp:
-    """The extension's manifest (``manifest.load_manifest()``), shown as the help table."""
-
-    manifest: Mapping
-
-
-def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
-    drawn = table(
-        f"{manifest['name']} {manifest['version']} — load with {manifest['load']}",
-        [("magic", "left"), ("what it does", "left"), ("usage", "left"), ("example", "left")],
-        whole=("magic",),
-        hide=("example", "usage"),
-        show_lines=True,
-    )
-    for magic in manifest["magics"]:
-        prefix = "%%" if magic["kind"] == "cell" else "%"
-        drawn.add_row(
-            f"{prefix}{magic['name']}", magic["summary"], magic["usage"], magic["example"]
-        )
     return Rendered(drawn, width)
 
 

@@ -58,6 +58,9 @@ ROLES: dict[str, Role] = {
         ),
         Role("ok", "green", "--jp-success-color1", "--vscode-charts-green", "#2e9a3e", 85),
         Role("info", "cyan", "--jp-info-color1", "--vscode-editorInfo-foreground", "#0891b2", 80),
+        # frozen beside "ok" (trainable): blue against green, told apart with every
+        # common colour-vision deficiency (teal against green was not)
+        Role("frozen", "blue", "--jp-brand-color1", "--vscode-charts-blue", "#3b82f6", 75),
         Role(
             "accent",
             "bright_blue",
@@ -85,7 +88,7 @@ ROLES: dict[str, Role] = {
         ),
         Role(
             "bar_done",
-            "blue",
+            "bright_cyan",
             "--jp-brand-color1",
             "--vscode-progressBar-background",
             "#3b82f6",

@@ -235,8 +235,8 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
 
 
 def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:
-    if not status.enabled:
-        head = Text("AMP off", style="bold")
+    if not status.enabled:  # the decision, with its reason when it was not the one asked for
+        head = Text(f"AMP off: {status.reason}" if status.reason else "AMP off", style="bold")
     else:
         head = Text(
             f"AMP on: autocast {status.dtype} on {status.device_type}",

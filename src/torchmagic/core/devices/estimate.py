@@ -8,7 +8,6 @@ get no gradient and no optimizer state.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import math
 import weakref
@@ -25,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..meta import compute_dtype, meta_replica, refuse_lazy
 from ..modules import unwrap
 from ..tensors import state_bytes, total_bytes
 from .placement import reference_device
@@ -349,35 +349,6 @@ class _LiveBytes(TorchDispatchMode):
             self.by_kind[kind] += self.size[key]
 
 
-def _refuse_lazy(model: nn.Module) -> None:
-    if any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):
-        raise TorchMagicError(
-            "the model has lazy modules that are not initialised yet: run one forward pass "
-            "on a real batch first (the estimate never runs one that would change the model)",
-            param="model",
-        )
-
-
-def _meta_replica(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers live on the meta device (in
-    ``dtype`` when given): shapes, no memory. The model itself is not touched."""
-    memo: dict[int, object] = {}
-    for t in (*model.parameters(), *model.buffers()):
-        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
-        meta = torch.empty(t.shape, dtype=cast, device="meta")
-        memo[id(t)] = (
-            nn.Parameter(meta, requires_grad=t.requires_grad)
-            if isinstance(t, nn.Parameter)
-            else meta
-        )
-    return copy.deepcopy(model, memo)
-
-
-def _compute_dtype(model: nn.Module) -> torch.dtype:
-    floating = [p for p in model.parameters() if p.is_floating_point()]
-    return floating[0].dtype if floating else torch.get_default_dtype()
-
-
 def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(n) for n in input_shape)
     if not shape or any(n < 1 for n in shape):
@@ -400,8 +371,8 @@ def _activation_pass(
     model: nn.Module, shape: tuple[int, ...], amp_dtype: torch.dtype | None
 ) -> _Activations:
     """Forward and backward of a meta replica on a random input of ``shape``, measured."""
-    real_dtype = _compute_dtype(model)
-    replica = _meta_replica(model, amp_dtype)
+    real_dtype = compute_dtype(model)
+    replica = meta_replica(model, amp_dtype)
     tracker = _LiveBytes()
     for p in replica.parameters():
         if p.requires_grad:
@@ -450,7 +421,7 @@ def saved_activation_bytes(model: nn.Module, input_shape: Sequence[int]) -> int:
     input (each storage once; parameters and the input itself not counted), measured on a
     meta-device replica: the model, its buffers and the RNG are not touched."""
     real = unwrap(model)
-    _refuse_lazy(real)
+    refuse_lazy(real, "the estimate")
     return _activation_pass(real, _shape(input_shape), None).saved
 
 
@@ -542,7 +513,7 @@ def step_peak(
     (default: the model's), for the workspace allowance.
     """
     real = unwrap(model)
-    _refuse_lazy(real)
+    refuse_lazy(real, "the estimate")
     shape = _shape(input_shape)
     est = estimate(real, optimizer, None, options=options)
     acts = _activation_pass(real, shape, amp_dtype)
@@ -563,7 +534,7 @@ def step_peak(
     return StepPeak(
         persistent=est.weights + est.buffers + (est.optimizer_state or 0),
         grads=est.grads,
-        input=math.prod(shape) * _compute_dtype(real).itemsize,
+        input=math.prod(shape) * compute_dtype(real).itemsize,
         saved_activations=acts.saved,
         forward_live=acts.forward_live,
         backward_saved=acts.backward_saved,
@@ -597,7 +568,7 @@ def estimate(
     with uninitialised lazy modules is refused: only a forward pass would size them.
     """
     real = unwrap(model)
-    _refuse_lazy(real)
+    refuse_lazy(real, "the estimate")
     params = list(real.parameters())
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]

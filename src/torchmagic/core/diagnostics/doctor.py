@@ -498,7 +498,17 @@ def _wrappers(ws: Workspace, watch: CompileWatch | None) -> Iterator[Finding]:
     for name, value in ws.items():
         if not isinstance(value, nn.Module):
             continue
-        if isinstance(value, nn.DataParallel):
+        if isinstance(value, nn.DataParallel) and not value.device_ids:  # built without GPUs
+            yield Finding(
+                "data-parallel",
+                "info",
+                name,
+                "nn.DataParallel without a GPU only wraps the model: it runs the model "
+                "itself, with nothing in parallel",
+                f"use {name}.module (the model itself); on GPUs, DistributedDataParallel "
+                "launched with torchrun",
+            )
+        elif isinstance(value, nn.DataParallel):
             yield Finding(
                 "data-parallel",
                 "warning",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..advice import Advice, Call
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
@@ -488,6 +489,7 @@ def replace_head(
     old_params = [p for p in unique_parameters([m for _, m in located]) if id(p) not in shared]
     new_params = unique_parameters(new_modules)
     opt = target.optimizer
+    again = _replaced_again(found, num_classes, opt, old_params)
     if opt is not None:
         joining, homeless = _head_groups(opt, [m for _, m in located], new_modules)
         head = head_group(target, exclude=old_params) or 0
@@ -539,4 +541,26 @@ def replace_head(
             notes.append(f"{role} heads replaced too: {', '.join(also)}")
     notes.extend(synced)
     notes += [f"{t.describe()}: the new head has its own; that one stays as it is" for t in tied]
-    return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, tuple(notes))
+    return Effect(tuple(n for n, _ in located), _numel(new_params), 0, {}, (*again, *notes))
+
+
+def _replaced_again(
+    found: Sequence[heads.Head],
+    num_classes: int,
+    opt: torch.optim.Optimizer | None,
+    old_params: Sequence[nn.Parameter],
+) -> tuple[Advice, ...]:
+    """The warning when the head had this shape already and has trained (the optimizer
+    holds state for it): a re-run cell replaces a trained head with a fresh one."""
+    head = found[0]
+    trained = opt is not None and any(p in opt.state for p in old_params)
+    if head.out_features != num_classes or not trained:
+        return ()
+    shape = f"{head.in_features}→{head.out_features}"
+    return (
+        (
+            f"{head.name} was already {shape} and trained: replaced again by a fresh one; ",
+            Call("undo"),
+            " restores it",
+        ),
+    )

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..advice import Command, spelled
 from ..errors import TorchMagicError
 from .results import Change, HistoryEntry, Replay
 from .transaction import Transaction
@@ -49,7 +50,7 @@ class History:
     def __init__(self) -> None:
         self._records: list[Record] = []
         self._next = 1
-        self.undone: list[str] = []  # commands reverted by undo, oldest first
+        self.undone: list[Command] = []  # commands reverted by undo, oldest first
         self._applied: list[Record] = []  # every command not undone, past limits and clear
 
     def push(
@@ -135,7 +136,7 @@ class History:
         if self._records:  # the model cell re-run: say why the commands above do not count
             last = self._records[-1].change
             raise TorchMagicError(
-                f"nothing to undo: {last.command} changed the model '{last.model_name}' "
+                f"nothing to undo: {spelled(last.command)} changed the model '{last.model_name}' "
                 "named before it was re-bound (its cell re-run), not the one it names now"
             )
         raise TorchMagicError("nothing to undo")

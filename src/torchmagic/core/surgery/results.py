@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..advice import Advice, Command
+from .shapes import ModuleOutput, Shapes
+
 
 @dataclass(frozen=True)
 class Counts:
@@ -59,7 +62,7 @@ class Effect:
     params: int
     state_freed_bytes: int = 0
     bn_modes: Mapping[str, int] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
+    notes: tuple[str | Advice, ...] = ()  # advice names commands each front end spells
     already: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
     resynced: int = 0
@@ -70,7 +73,7 @@ class Change:
     """The outcome of a mutating command (or of its dry run, or of an undo)."""
 
     action: str
-    command: str
+    command: Command  # as typed, or the session call each front end spells
     model_name: str
     effect: Effect
     before: Counts
@@ -92,6 +95,7 @@ class SummaryRow:
     bn: Mapping[str, int]  # BatchNorm layers inside by mode ("held", "frozen", "eval", "train")
     groups: tuple[int, ...]  # indices of the optimizer groups holding its parameters
     lora_rank: int = 0  # the rank of a LoRA layer's active adapter (0: not one)
+    output: ModuleOutput | None = None  # with an input shape: what it returned (None: not run)
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class SummaryReport:
     optimizer_name: str | None
     groups: tuple[GroupInfo, ...]  # every group of the optimizer, ``groups[i].index == i``
     adapter_params: int = 0  # parameters of LoRA adapters (in ``counts`` too)
+    shapes: Shapes | None = None  # with an input shape: the meta forward's outputs
 
     def lrs(self, row: SummaryRow) -> tuple[float, ...]:
         """The lrs (now) of the groups holding ``row``'s parameters."""
@@ -128,7 +133,7 @@ class Replay:
 @dataclass(frozen=True)
 class HistoryEntry:
     index: int
-    command: str
+    command: Command  # as typed, or the session call each front end spells
     action: str
     model_name: str
     modules: tuple[str, ...]
@@ -142,4 +147,4 @@ class CommandHistory:
     """The session's mutating commands, oldest first, and those undone."""
 
     entries: tuple[HistoryEntry, ...]
-    undone: tuple[str, ...] = ()
+    undone: tuple[Command, ...] = ()

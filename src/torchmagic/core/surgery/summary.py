@@ -19,6 +19,7 @@ from . import batchnorm, lora
 from .counting import count, describe_groups
 from .optimizer_sync import group_index
 from .results import SummaryReport, SummaryRow
+from .shapes import output_shapes
 
 _BN_ORDER = ("held", "frozen", "eval", "train")
 
@@ -41,10 +42,13 @@ def summarize(
     scheduler_names: Mapping[int, str] | None = None,
     depth: int = 2,
     max_rows: int = 60,
+    input_shape: Sequence[int] | None = None,
 ) -> SummaryReport:
     """Rows for modules down to ``depth``; the depth shrinks until the rows fit ``max_rows``.
     ``schedulers``: those bound to ``optimizer``, to tell each group's base lr (named by
-    ``scheduler_names``, by identity)."""
+    ``scheduler_names``, by identity). With ``input_shape`` (batch first), each row also
+    has its module's output shape and bytes from one forward on the meta device."""
+    shapes = None if input_shape is None else output_shapes(model, input_shape)
     named = list(model.named_modules())
     depth = min(depth, max(n.count(".") + 1 for n, _ in named))  # deeper shows nothing more
     while depth > 0 and sum(1 for n, _ in named if not n or n.count(".") < depth) > max_rows:
@@ -97,6 +101,7 @@ def summarize(
                 bn={m: modes[m] for m in _BN_ORDER if modes[m]},
                 groups=tuple(sorted(in_groups[name])),
                 lora_rank=ranks.get(name, 0),
+                output=None if shapes is None else shapes.outputs.get(name),
             )
         )
     hidden = max(0, len(rows) - max_rows)
@@ -110,4 +115,5 @@ def summarize(
         optimizer_name=optimizer_name,
         groups=describe_groups(optimizer, schedulers=schedulers, names=scheduler_names),
         adapter_params=lora.adapter_count(model),
+        shapes=shapes,
     )

@@ -66,10 +66,8 @@ def keeps_fp32(device_type: str, mode: str) -> bool:
 
 # Why ``auto`` keeps fp32 on such a CPU, and the warning when bf16 is asked for there.
 _EMULATED = "this CPU has no native bf16 instructions (avx512_bf16 / amx_bf16)"
-KEPT_FP32 = (
-    f"{_EMULATED}: emulated bf16 autocast is slower than fp32, so fp32 is kept; "
-    "ask for bf16 explicitly to use it anyway"
-)
+KEPT_FP32_REASON = f"fp32 is kept, as {_EMULATED}"
+KEPT_FP32 = "emulated bf16 autocast is slower than fp32; ask for bf16 explicitly to use it anyway"
 SLOWER_BF16 = f"{_EMULATED}: bf16 autocast is emulated and will likely be slower than fp32"
 
 
@@ -114,6 +112,7 @@ class AmpStatus:
     scaler: bool
     scale: float | None
     note: str = ""
+    reason: str = ""  # why the policy is what was not asked for: the title says it
 
 
 class AmpController:
@@ -137,7 +136,7 @@ class AmpController:
         self._park_scaler()
         if keeps_fp32(device_type, mode):
             self.enabled, self.dtype, self.device_type = False, None, device_type
-            return self.status(KEPT_FP32)
+            return self.status(KEPT_FP32, reason=KEPT_FP32_REASON)
         self.enabled, self.dtype, self.device_type = True, dtype, device_type
         note = SLOWER_BF16 if dtype == torch.bfloat16 and emulated_bf16(device_type) else ""
         if dtype == torch.float16:
@@ -158,7 +157,7 @@ class AmpController:
             self._scaler_state = self.scaler.state_dict()
             self.scaler = None
 
-    def status(self, note: str = "") -> AmpStatus:
+    def status(self, note: str = "", reason: str = "") -> AmpStatus:
         scale = None
         if self.scaler is not None and self.scaler.is_enabled():
             scale = float(self.scaler.get_scale())
@@ -169,6 +168,7 @@ class AmpController:
             scaler=self.scaler is not None,
             scale=scale,
             note=note,
+            reason=reason,
         )
 
     def autocast(self, dtype: torch.dtype | None = None, device_type: str | None = None):

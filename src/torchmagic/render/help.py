@@ -1,0 +1,86 @@
+"""``%tm help``: every magic on one screen (a line each: the magic, what it is for, its
+link into the reference), and one magic's full usage (``%tm help fit``), both read from
+the manifest."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rich.console import Group, JustifyMethod
+from rich.style import Style
+from rich.text import Text
+
+from . import theme
+from .base import Rendered, table
+
+_CODE = re.compile(r"`([^`]+)`")  # may span a line break
+
+
+@dataclass(frozen=True)
+class ManifestHelp:
+    """The extension's manifest (``manifest.load_manifest()``), shown as the help screen."""
+
+    manifest: Mapping
+
+
+@dataclass(frozen=True)
+class MagicHelp:
+    """One magic's manifest entry and its help text (``manifest.help_text``)."""
+
+    entry: Mapping
+    text: str
+
+
+def code_text(text: str, style: Style | str = "") -> Text:
+    """``text`` with its `backticked` words drawn as code (the accent colour), the
+    backticks themselves left out."""
+    drawn = Text(style=style)
+    at = 0
+    for found in _CODE.finditer(text):
+        drawn.append(text[at : found.start()])
+        drawn.append(found.group(1), style=theme.style("accent"))
+        at = found.end()
+    return drawn.append(text[at:])
+
+
+def _magic(entry: Mapping) -> str:
+    return f"{'%%' if entry['kind'] == 'cell' else '%'}{entry['name']}"
+
+
+def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
+    """A line per magic; the usage of each is one ``%tm help NAME`` away. Where the links
+    would make a line wrap, they are left out (the reference's address stays below)."""
+    rendered = Rendered(Group(), width)
+    title = Text(f"{manifest['name']} {manifest['version']}", style="bold")
+    title.append(" · ", style=theme.style("dim"))
+    title.append("%tm help MAGIC", style=theme.style("accent"))
+    title.append(": one magic's usage", style=theme.style("dim"))
+    magics = manifest["magics"]
+    names = max(len(_magic(m)) for m in magics)
+    anchors = max(len(m["docs"].rpartition("#")[2]) + 1 for m in magics)
+    linked = names + max(len(m["purpose"]) for m in magics) + anchors + 4 <= rendered.width
+    columns: list[tuple[str, JustifyMethod]] = [("magic", "left"), ("what it is for", "left")]
+    columns += [("reference", "left")] if linked else []
+    drawn = table(None, columns, (0, 2), show_header=False, box=None)
+    for magic in magics:
+        cells = [Text(_magic(magic), style=theme.style("accent", bold=True))]
+        cells.append(code_text(magic["purpose"]))
+        if linked:
+            anchor = magic["docs"].rpartition("#")[2]
+            cells.append(Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])))
+        drawn.add_row(*cells)
+    # an address is one word: drawn whole, wider than a narrow terminal rather than cut
+    reference = table(None, [("reference", "left")], (0,), show_header=False, box=None)
+    reference.add_row(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
+    rendered.renderable = Group(title, drawn, reference)
+    return rendered
+
+
+def magic_help(result: MagicHelp, width: int | None = None) -> Rendered:
+    """The usage text as ``%name?`` shows it, its first line bold, `code` drawn as code."""
+    usage, _, rest = result.text.partition("\n\n")
+    body = code_text(rest)  # across lines: a `code span` may wrap
+    body.highlight_regex(re.compile(r"^[a-z]+:$", re.M), theme.style("dim"))
+    return Rendered(Group(Text(usage, style="bold"), Text(""), body), width)

@@ -1,0 +1,91 @@
+"""``%tm help`` is one screen (a line per magic: what it is for, its reference link);
+``%tm help MAGIC`` and ``%magic?`` show the same full usage from the manifest, arguments
+first, defaults shown, one example; errors are one line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from torchmagic.manifest import help_text, load_manifest, magic_entry, short_usage
+
+
+def _shown(ip, line: str) -> dict[str, str]:
+    with capture_output() as cap:
+        ip.run_line_magic("tm", line)
+    (output,) = cap.outputs
+    return output.data
+
+
+def test_help_is_a_line_per_magic(ip) -> None:
+    ip.run_line_magic("config", "TorchMagics.width = 100")
+    shown = _shown(ip, "help")
+    magics = load_manifest()["magics"]
+    lines = shown["text/plain"].splitlines()
+    assert len(lines) == len(magics) + 2  # the title, a line each, the reference
+    for magic, line in zip(magics, lines[1:], strict=False):
+        escape = "%%" if magic["kind"] == "cell" else "%"
+        assert line.startswith(f"{escape}{magic['name']} ") and magic["purpose"] in line
+        assert line.endswith(f"#{magic['name']}")
+    assert "`" not in shown["text/plain"]
+    for magic in magics:  # each line links into the reference
+        assert f'<a href="{magic["docs"]}">' in shown["text/html"]
+
+
+def test_help_fits_sixty_columns_without_the_links(ip) -> None:
+    ip.run_line_magic("config", "TorchMagics.width = 60")
+    lines = _shown(ip, "help")["text/plain"].splitlines()
+    assert len(lines) == len(load_manifest()["magics"]) + 2  # no line wrapped
+    assert all(len(line) <= 60 for line in lines[:-1]) and "#freeze" not in lines[1]
+    assert lines[-1].endswith("docs/magics.md")  # the address whole, not cut
+
+
+def test_help_of_one_magic_is_its_usage(ip) -> None:
+    for typed, kind in (("fit", "line"), ("%fit", "line"), ("%%amp", "cell")):
+        entry = magic_entry(typed.lstrip("%"), kind)
+        assert _shown(ip, f"help {typed}")["text/plain"] == help_text(entry)
+    load = _shown(ip, "help load_model")["text/plain"]
+    assert "`" not in load and "preprocess = weights.transforms()" in " ".join(load.split())
+    with pytest.raises(UsageError, match="no magic named 'fitt'; did you mean fit"):
+        ip.run_line_magic("tm", "help fitt")
+
+
+def test_question_mark_shows_the_manifest_usage(ip) -> None:
+    for name in ("freeze", "fit"):
+        doc = ip.find_line_magic(name).__doc__
+        assert doc == help_text(magic_entry(name))
+        assert "::" not in doc
+        usage = doc.split("\n\n")[0]
+        first_option = usage.index("[--")
+        assert usage.startswith(f"%{name} ") and not usage[:first_option].count("--")
+        assert magic_entry(name)["example"] in doc
+    fit = ip.find_line_magic("fit").__doc__
+    assert re.search(r"--epochs N +epochs to train \(default: 1\)", fit)
+    assert "(default: cross_entropy)" in fit
+    amp = ip.find_line_magic("amp").__doc__
+    assert help_text(magic_entry("amp", "cell")) in amp  # the cell magic's usage too
+
+
+def test_an_error_is_one_short_line(ip) -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ip.user_ns.update(model=model, opt=opt, train_loader=[(torch.zeros(1, 2), torch.zeros(1))])
+    for line, fragment in (
+        ("trian_loader", "no variable named 'trian_loader' for train; did you mean train_loader?"),
+        ("train_loader --epochs x", "--epochs takes a whole number, got 'x'"),
+        ("train_loader --patince 2", "unknown option --patince; did you mean --patience?"),
+        ("train_loader --monitor los", "--monitor takes loss | acc, got 'los'; did you mean loss?"),
+        ("train_loader --val", "--val needs VAL_LOADER after it"),
+    ):
+        with pytest.raises(UsageError) as info:
+            ip.run_line_magic("fit", line)
+        text = str(info.value)
+        assert text.startswith(fragment) and "\n" not in text
+        assert len(text) < 160 and "(%fit? for every option)" in text
+    assert (
+        len(usage := short_usage("fit", mentioned="--val")) < 80 and "[--val VAL_LOADER]" in usage
+    )
