@@ -23,16 +23,18 @@ from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from .. import render
 from ..core import Session, TorchMagicError
 from ..core.surgery.grammar import split_options
+from ..lazy import lazy_module
 from ..manifest import subcommand_usage, usage
-from ..render.spelling import calls_spelled
 from .spelling import magic_line
 
 if TYPE_CHECKING:
+    from .. import render
     from ..render import Rendered
     from .extension import TorchMagics
+else:  # drawn on first use: loading the extension does not import rich
+    render = lazy_module("torchmagic.render")
 
 MagicFunction = Callable[..., object]
 
@@ -260,6 +262,8 @@ class TopicMagics(Magics):
         fewest, most = entry.arity
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
+        from ..render.spelling import calls_spelled  # with the render layer, on first use
+
         with self.refusals(magic), calls_spelled(magic_line):
             return entry.handler(self, rest, args)
 

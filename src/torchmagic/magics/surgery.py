@@ -7,11 +7,10 @@ import re
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
 from ..core.surgery.grammar import parse_count, parse_labels, parse_lr, parse_weight_decay
-from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse, strip_comment
+from .base import DRY_RUN, OPT, KeyOption, TopicMagics, key_options, parse, render, strip_comment
 
 _COUNT = re.compile(r"^[+-]?[0-9]+$")  # a word that is meant as the class count N
 

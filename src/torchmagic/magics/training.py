@@ -9,10 +9,9 @@ from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from .. import render
 from ..core import TorchMagicError
 from ..core.training.amp import MODES
-from .base import OPT, Subcommand, TopicMagics, parse, subcommands
+from .base import OPT, Subcommand, TopicMagics, parse, render, subcommands
 
 _MODE_WORDS = f"[{'|'.join(MODES)}]"
 
