@@ -370,7 +370,9 @@ def unfreeze(
                 template=new.template,
                 weight_decay=weight_decay,
             )
-            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
+            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base, refresh=False)
+        if new_groups:
+            scheduler_sync.refresh_last_lrs(schedulers, opt)
     _set_requires_grad(all_params, True, tx)
     return _effect(
         target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes, resynced=resynced
