@@ -3,6 +3,7 @@
 Not a test. Run from the repository root::
 
     .venv/bin/python bench/surgery.py [--models resnet50,vit_l_16,maxvit_t] [--repeat N]
+        [--blocks 10000] [--blocks-repeat 5]
 
 Per model (torchvision, ``weights=None``, built once, AdamW over all parameters) it prints
 the MEDIAN latency, inter-quartile range, minimum and median CPU time (ms) of:
@@ -17,9 +18,15 @@ the MEDIAN latency, inter-quartile range, minimum and median CPU time (ms) of:
   frozen tensors) as the baseline, and peers where installed: Lightning's
   ``BaseFinetuning.freeze``, ``timm.utils.model.freeze`` and ``torchinfo.summary``.
 
+Then a table for an ``nn.Sequential`` of 10,000 ``Linear(8, 8)`` blocks (SGD): freeze and
+unfreeze of 5,000 of them, everything but the last, a geometric lr spread over all 10,000
+(10,000 new param groups), undo and summary, engine and whole magic, each with the Python
+calls it makes per block (counted untimed: work that does not depend on the load).
+
 Targets (PASS/FAIL): engine freeze/unfreeze/replace_head < 5 ms on maxvit_t; every whole
 magic < 50 ms; our summary of maxvit_t faster than ``torchinfo.summary(model)`` without
-input. ``--profile`` runs cProfile over every failing row and prints where time goes.
+input; freeze / unfreeze of 5,000 of 10,000 blocks < 1 s, engine and magic. ``--profile``
+runs cProfile over every failing row of the model tables and prints where time goes.
 
 Targets judge the wall-clock median (``time.perf_counter``). On a shared machine other
 processes preempt long calls (the load average is printed): ``min`` shows the floor and
@@ -48,6 +55,7 @@ from torchmagic import Session, render
 
 ENGINE_TARGET_MS = 5.0
 MAGIC_TARGET_MS = 50.0
+BLOCKS_TARGET_MS = 1000.0  # freeze / unfreeze of 5,000 of 10,000 blocks
 ENGINE_TARGET_MODEL = "maxvit_t"
 SUMMARY_TARGET_MODEL = "maxvit_t"
 VERDICTS = {True: "PASS", False: "FAIL", None: "SKIP"}
@@ -182,6 +190,36 @@ def _counting_bundle(self, include=None, exclude=None):
 
 
 render.Rendered._repr_mimebundle_ = _counting_bundle
+
+
+def magic_call(ip, magic_name: str, line: str) -> Callable[[], None]:
+    """A call of the whole line magic that checks IPython drew exactly one bundle."""
+
+    def call() -> None:
+        before = RENDERS["bundles"]
+        ip.run_line_magic(magic_name, line)
+        drawn = RENDERS["bundles"] - before
+        if drawn != 1:
+            raise AssertionError(f"%{magic_name} {line}: {drawn} bundles drawn, not 1")
+
+    return call
+
+
+def count_calls(action: Callable[[], object]) -> int:
+    """Python and C function calls ``action()`` makes: work that does not depend on the
+    machine's load (``sys.setprofile``; run untimed)."""
+    counts = {"call": 0, "c_call": 0}
+
+    def tally(frame, event, arg) -> None:
+        if event in counts:
+            counts[event] += 1
+
+    sys.setprofile(tally)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return counts["call"] + counts["c_call"]
 
 
 def _shell():
@@ -340,13 +378,7 @@ def bench_model(
     with capture_output() as captured:
 
         def magic(magic_name: str, line: str):
-            def call() -> None:
-                before = RENDERS["bundles"]
-                ip.run_line_magic(magic_name, line)
-                drawn = RENDERS["bundles"] - before
-                if drawn != 1:
-                    raise AssertionError(f"%{magic_name} {line}: {drawn} bundles drawn, not 1")
-            return call
+            return magic_call(ip, magic_name, line)
 
         def magic_undo(_=None) -> None:
             ip.run_line_magic("tm", "undo")
@@ -455,6 +487,92 @@ def bench_model(
     return checks, profiles
 
 
+# -- thousands of small blocks ------------------------------------------------------------
+
+
+def bench_blocks(ip, n: int, repeat: int, warmup: int) -> list[Check]:
+    """Print the table of ``nn.Sequential`` of ``n`` ``Linear(8, 8)`` blocks under SGD:
+    freeze / unfreeze of half of them (target < BLOCKS_TARGET_MS, engine and whole magic),
+    everything but the last, a geometric lr spread over every block (``n`` new param
+    groups), undo and summary; each with the Python calls it makes (per block), which do
+    not depend on the load."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(n)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    half, every, last = f"0-{n // 2 - 1}", f"0-{n - 1}", str(n - 1)
+    print(f"\n## {n} blocks: nn.Sequential of {n} Linear(8, 8), SGD "
+          f"({n + 1} modules, {2 * n} tensors)", flush=True)
+    kw = {"repeat": repeat, "warmup": warmup}
+    start_state = _state_key(model, optimizer)
+    s = Session(model, optimizer)
+    undo = lambda _=None: s.undo()  # noqa: E731
+    calls: dict[str, int] = {}
+
+    def row(group, label, call, reset, target=None, note="", setup=None, teardown=None) -> Row:
+        if setup is not None:
+            setup()
+        calls[label] = count_calls(call)
+        if reset is not None:
+            reset(None)
+        stat = measure(call, reset, **kw)
+        if teardown is not None:
+            teardown()
+        return Row(group, label, stat, target=target, note=note)
+
+    frozen_half = lambda: s.freeze(half)  # noqa: E731
+    frozen_but_last = lambda: s.freeze("model", exclude=[last])  # noqa: E731
+    rows = [
+        row("engine", f'freeze("{half}")', frozen_half, undo, BLOCKS_TARGET_MS),
+        row("engine", f'unfreeze("{half}")', lambda: s.unfreeze(half), undo, BLOCKS_TARGET_MS,
+            "from that freeze", frozen_half, s.undo),
+        row("engine", f'freeze(exclude=["{last}"])', frozen_but_last, undo),
+        row("engine", f'unfreeze("{every}", lr=(1e-5, 1e-3))',
+            lambda: s.unfreeze(every, lr=(1e-5, 1e-3)), undo, note=f"{n} new groups"),
+        row("engine", f'same, after freeze(exclude=["{last}"])',
+            lambda: s.unfreeze(every, lr=(1e-5, 1e-3)), undo, note=f"{n} new groups",
+            setup=frozen_but_last, teardown=s.undo),
+        row("engine", f'undo() of freeze("{half}")', undo, lambda _: frozen_half(),
+            setup=frozen_half, teardown=s.undo),
+        row("engine", "summary()", lambda: s.summary(), None),
+    ]
+    assert _state_key(model, optimizer) == start_state, "engine rows did not undo cleanly"
+    from IPython.utils.capture import capture_output
+
+    ip.user_ns["model"], ip.user_ns["optimizer"] = model, optimizer
+    magic_undo = lambda _=None: ip.run_line_magic("tm", "undo")  # noqa: E731
+    magic_half = lambda: ip.run_line_magic("freeze", half)  # noqa: E731
+    with capture_output():
+        rows += [
+            row("magic", f"%freeze {half}", magic_call(ip, "freeze", half), magic_undo,
+                BLOCKS_TARGET_MS),
+            row("magic", f"%unfreeze {half}", magic_call(ip, "unfreeze", half), magic_undo,
+                BLOCKS_TARGET_MS, "from that freeze", magic_half, magic_undo),
+            row("magic", f"%freeze model --except {last}",
+                magic_call(ip, "freeze", f"model --except {last}"), magic_undo),
+            row("magic", f"%unfreeze {every} lr=1e-5:1e-3",
+                magic_call(ip, "unfreeze", f"{every} lr=1e-5:1e-3"), magic_undo,
+                note=f"{n} new groups; table shows 20"),
+            row("magic", "%tm undo (of that freeze)", magic_call(ip, "tm", "undo"),
+                lambda _: magic_half(), setup=magic_half, teardown=magic_undo),
+            row("magic", "%summary", magic_call(ip, "summary", ""), None),
+        ]
+    del ip.user_ns["model"], ip.user_ns["optimizer"]
+    assert _state_key(model, optimizer) == start_state, "magic rows did not undo cleanly"
+    restore = _snapshot(model, optimizer)
+    names = [str(i) for i in range(n // 2)]
+    hand = Row("baseline", "hand-written freeze of that half", measure(
+        lambda: hand_freeze(model, optimizer, names), restore, **kw), ratio="1.0x (ref)",
+        note="requires_grad + groups")
+    for r in rows:
+        r.ratio = f"{r.stat.median / hand.stat.median:.1f}x hand"
+        r.note = "; ".join(x for x in (f"{calls[r.label] / n:.0f} calls/block", r.note) if x)
+    rows.append(hand)
+    print_table(f"{n} blocks", rows)
+    print(f"  (calls: Python + C function calls of one run, counted untimed; "
+          f"{repeat} timed runs after {warmup} warm-up runs per row)")
+    return [Check(_check_text(f"{n} blocks", r), r.verdict == "PASS") for r in rows if r.verdict]
+
+
 def _check_text(name: str, row: Row) -> str:
     return f"{name}: {row.group} {row.label} {row.stat.median:.2f} ms < {row.target:g} ms"
 
@@ -530,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before timing")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile every row that misses its target")
+    parser.add_argument("--blocks", type=int, default=10_000,
+                        help="blocks of the Sequential of Linear(8, 8) (0: skip that table)")
+    parser.add_argument("--blocks-repeat", type=int, default=5,
+                        help="timed runs per row of the blocks table (>= 3)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in SPECS]
@@ -537,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s): {', '.join(unknown)}; choose from {', '.join(SPECS)}")
     if args.repeat < 15:
         parser.error("--repeat must be >= 15")
+    if args.blocks_repeat < 3:
+        parser.error("--blocks-repeat must be >= 3")
 
     print("# torchmagic surgery latency (bench/surgery.py)")
     print(describe())
@@ -556,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
         checks += model_checks
         profiles += model_profiles
         gc.collect()
+    if args.blocks:
+        checks += bench_blocks(ip, args.blocks, args.blocks_repeat, 1)
 
     print("\n## targets")
     for check in checks:

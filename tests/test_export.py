@@ -8,9 +8,9 @@ from IPython.core.error import UsageError
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
-from torchmagic.core.advice import spelled
 from checkpoint_helpers import assert_same, batches, structure
 from test_checkpoint import build_net
+from torchmagic.core.advice import spelled
 
 
 def _loader() -> DataLoader:

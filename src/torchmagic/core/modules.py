@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torchvision.ops.misc import FrozenBatchNorm2d
 
 from .integrations import peft
 
@@ -77,14 +77,17 @@ def walk(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def unique_parameters(modules: Iterable[nn.Module], recurse: bool = True) -> list[nn.Parameter]:
-    """Parameters of several modules, each once (tied weights counted once), in order."""
+    """Parameters of several modules, each once (tied weights counted once), in the order
+    of ``module.parameters()``, from one :func:`walk` each (without its nested generators)."""
     seen: set[int] = set()
     out: list[nn.Parameter] = []
     for module in modules:
-        for p in module.parameters(recurse=recurse):
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
+        # a leaf (most blocks of a long Sequential) needs no walk
+        for m in walk(module) if recurse and module._modules else (module,):
+            for p in m._parameters.values():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
     return out
 
 
@@ -93,8 +96,21 @@ def parameter_names(model: nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in model.named_parameters()}
 
 
+def frozen_batchnorm_class() -> type | None:
+    """torchvision's FrozenBatchNorm2d if torchvision has defined it, else None: a model can
+    hold one only then, so checking never imports torchvision (seconds, for timm or
+    transformers users)."""
+    misc = sys.modules.get("torchvision.ops.misc")
+    return getattr(misc, "FrozenBatchNorm2d", None)
+
+
+def is_frozen_batchnorm(module: nn.Module) -> bool:
+    frozen = frozen_batchnorm_class()
+    return frozen is not None and isinstance(module, frozen)
+
+
 def is_batchnorm(module: nn.Module) -> bool:
-    return isinstance(module, (_BatchNorm, FrozenBatchNorm2d))
+    return isinstance(module, _BatchNorm) or is_frozen_batchnorm(module)
 
 
 def parent_of(root: nn.Module, name: str) -> tuple[nn.Module, str]:

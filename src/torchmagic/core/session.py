@@ -46,6 +46,7 @@ from .devices.device import DeviceReport, MoveReport, list_devices, resolve_devi
 from .devices.device import move as move_model
 from .devices.estimate import Estimate
 from .devices.estimate import estimate as estimate_step
+from .devices.hostmem import machine_memory
 from .devices.memory import MemoryReport, ResetReport, breakdown
 from .devices.memory import reset_peaks as reset_peak_counters
 from .devices.pinbench import PinReport
@@ -63,7 +64,7 @@ from .surgery.base_lrs import base_lrs, set_base_lrs
 from .surgery.batchnorm import POLICIES
 from .surgery.counting import count, describe_groups, group_keys
 from .surgery.grammar import LrSpec, Target, check_positive, parse_targets, spread_lrs
-from .surgery.history import REBOUND, REPLAYED, Cleared, History, Record
+from .surgery.history import REBOUND, REPLAYED, ByteCap, Cleared, History, Record, byte_cap
 from .surgery.results import Change, Counts, Effect, HistoryEntry, Replay, SummaryReport
 from .surgery.selection import resolve, select
 from .surgery.summary import summarize
@@ -104,7 +105,9 @@ class SessionConfig:
     summary_depth: int = 2
     summary_max_rows: int = 60
     history_limit: int = 100  # commands kept for undo (the newest is always kept)
-    history_bytes: int = 1 << 30  # bytes of tensors the undo history may keep alive
+    # bytes of tensors the undo history may keep alive; None: a quarter of the machine's
+    # RAM, at least 1 GiB (see ``core.surgery.history.byte_cap``)
+    history_bytes: int | None = None
 
 
 class Session:
@@ -301,7 +304,7 @@ class Session:
                 target.optimizer,
                 tx,
                 self.config.history_limit,
-                self.config.history_bytes,
+                self.history_cap().nbytes,
                 replay,
             )
             self._settle(target, tx)
@@ -322,11 +325,16 @@ class Session:
         if target.optimizer_name is not None:
             self.workspace.remember(target.model_name, target.model, target.optimizer_name)
 
+    def history_cap(self) -> ByteCap:
+        """The bytes the undo history may keep alive, and why that many."""
+        return byte_cap(self.config.history_bytes, machine_memory()[1])
+
     def _dropped(self, n: int) -> str:
-        limits = f"history_limit {self.config.history_limit} commands, history_bytes "
+        cap = self.history_cap()
         return (
             f"undo history full: the oldest {n} command{'s' if n > 1 else ''} can no longer "
-            f"be undone ({limits}{self.config.history_bytes} bytes)"
+            f"be undone (history_limit {self.config.history_limit} commands; history_bytes "
+            f"{cap.nbytes} bytes, {cap.reason})"
         )
 
     # -- surgery ---------------------------------------------------------------------

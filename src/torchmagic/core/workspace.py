@@ -20,7 +20,7 @@ from .advice import Call
 from .errors import TorchMagicError
 from .integrations import discovery, ema
 from .integrations.discovery import Found
-from .modules import unwrap
+from .modules import unique_parameters, unwrap
 from .surgery import scheduler_sync
 from .surgery.grammar import Target, parse_segment
 from .tensors import optimizer_params, owners
@@ -299,7 +299,8 @@ class Workspace:
         was re-run, not the optimizer cell): stepping it would train nothing ``model_name``
         holds, and adding ``model``'s parameters to it would mix two models in one optimizer.
         """
-        ids = {id(p) for p in model.parameters()}
+        params = unique_parameters([model])
+        ids = {id(p) for p in params}
         if name is not None:
             value = self.optimizer(name)
             if value is None:
@@ -317,7 +318,7 @@ class Workspace:
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
-        owning = owners(optimizers, model.parameters())
+        owning = owners(optimizers, params)
         if len(owning) > 1:
             for n, o in owning:
                 if n == remembered:

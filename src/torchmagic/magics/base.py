@@ -24,17 +24,19 @@ from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from .. import render
 from ..core import Session, TorchMagicError
 from ..core.advice import spelled
 from ..core.surgery.grammar import split_options
+from ..lazy import lazy_module
 from ..manifest import help_text, magic_entry, short_usage, subcommand_usage, usage
-from ..render.spelling import calls_spelled
 from .spelling import magic_line
 
 if TYPE_CHECKING:
+    from .. import render
     from ..render import Rendered
     from .extension import TorchMagics
+else:  # drawn on first use: loading the extension does not import rich
+    render = lazy_module("torchmagic.render")
 
 MagicFunction = Callable[..., object]
 
@@ -291,6 +293,8 @@ class TopicMagics(Magics):
         is atomic: applied, and in the history, or not at all) the user is told so."""
         before = self._history_marks()
         try:
+            from ..render.spelling import calls_spelled  # the render layer, on first use
+
             with calls_spelled(magic_line):  # what it shows names commands as magics
                 yield
         except KeyboardInterrupt:
@@ -332,6 +336,8 @@ class TopicMagics(Magics):
         fewest, most = entry.arity
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
+        from ..render.spelling import calls_spelled  # with the render layer, on first use
+
         with self.refusals(magic), calls_spelled(magic_line):
             return entry.handler(self, rest, args)
 

@@ -7,12 +7,10 @@ import argparse
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import render
 from ..core import TorchMagicError
 from ..core.devices.memory import CellWatcher
 from ..core.surgery.grammar import parse_bytes, parse_shape
-from ..render import memory as memory_render
-from .base import OPT, Subcommand, TopicMagics, parse, subcommands
+from .base import OPT, Subcommand, TopicMagics, parse, render, subcommands
 
 
 @magics_class
@@ -261,4 +259,4 @@ class DeviceMagics(TopicMagics):
     def _watch_post(self, result=None) -> None:
         cell = self.cell_watcher.post() if self.cell_watcher is not None else None
         if cell is not None:
-            print(memory_render.cell_line(cell))
+            print(render.memory.cell_line(cell))

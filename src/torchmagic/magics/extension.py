@@ -51,10 +51,12 @@ class TorchMagics(Configurable):
         100, min=1, help="Commands %tm undo can revert; the oldest are dropped beyond it."
     ).tag(config=True)
     history_bytes = Integer(
-        1 << 30,
+        None,
+        allow_none=True,
         min=0,
         help="Bytes the undo history may keep alive (optimizer state and layers set aside); "
-        "the oldest commands are dropped beyond it (the last one always stays).",
+        "the oldest commands are dropped beyond it (the last one always stays). None: a "
+        "quarter of the machine's RAM, where that state lives, and at least 1 GiB.",
     ).tag(config=True)
     scaler_name = Unicode(
         "scaler", help="User variable that %amp on fp16 binds the session's GradScaler to."

@@ -5,8 +5,7 @@ from __future__ import annotations
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import render
-from .base import TopicMagics, parse
+from .base import TopicMagics, parse, render
 
 
 @magics_class

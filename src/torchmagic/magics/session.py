@@ -8,11 +8,9 @@ import argparse
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import render
 from ..core.surgery.results import CommandHistory
 from ..manifest import help_text, load_manifest, magic_named
-from ..render.base import human_bytes
-from .base import Subcommand, TopicMagics, parse, strip_comment, subcommands
+from .base import Subcommand, TopicMagics, parse, render, strip_comment, subcommands
 
 
 @magics_class
@@ -32,7 +30,7 @@ class SessionMagics(TopicMagics):
         cleared = self.session.clear_history()
         return render.render(
             f"history cleared: {cleared.commands} command(s) forgotten, "
-            f"{human_bytes(cleared.nbytes)} released; nothing can be undone now",
+            f"{render.human_bytes(cleared.nbytes)} released; nothing can be undone now",
             self.width,
         )
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import display
 
-from ..render import Rendered
+if TYPE_CHECKING:
+    from ..render import Rendered
 
 
 class ShownResult:

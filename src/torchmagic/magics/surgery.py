@@ -11,7 +11,6 @@ from functools import partial
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
 from ..core.surgery.grammar import (
@@ -30,6 +29,7 @@ from .base import (
     TopicMagics,
     key_options,
     parse,
+    render,
     strip_comment,
     subcommands,
 )

@@ -5,20 +5,21 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from .. import render
 from ..core import TorchMagicError
 from ..core.surgery.batchnorm import POLICIES
 from ..core.training.amp import MODES
 from ..core.training.recipe import SCHEDULES
-from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, subcommands
+from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, render, subcommands
 from .shown import ShownResult
 
-Progress = render.TerminalProgress | render.NotebookProgress
+if TYPE_CHECKING:
+    Progress = render.TerminalProgress | render.NotebookProgress
 
 _MODE_WORDS = f"[{'|'.join(MODES)}]"
 

@@ -49,6 +49,24 @@ def _schedulers(names: Sequence[str]) -> str:
     return " + ".join(names)
 
 
+_GROUP_ROWS = 20  # an optimizer of 10,000 groups (a spread over 10,000 blocks) shows 20
+
+
+def _bounded(groups: Sequence[GroupInfo]) -> tuple[list[GroupInfo | None], list[GroupInfo]]:
+    """The groups to draw, None where the hidden middle goes, and the hidden ones: the
+    first and last ``_GROUP_ROWS // 2`` of a long list, so a table stays readable."""
+    if len(groups) <= _GROUP_ROWS + 1:
+        return list(groups), []
+    half = _GROUP_ROWS // 2
+    return [*groups[:half], None, *groups[-half:]], list(groups[half:-half])
+
+
+def _hidden_groups(hidden: Sequence[GroupInfo]) -> str:
+    statuses = [g.status for g in hidden if g.status]
+    counted = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    return f"{len(hidden)} more groups" + (f" ({counted})" if counted else "")
+
+
 def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[RenderableType]:
     """The groups table, and which schedulers step the lrs: one line under it when every
     group shares them, else beside each group's lr."""
@@ -67,7 +85,11 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
         whole=("#", "group", "wd", "tensors", "params"),
         hide=("tensors", "wd", "params"),
     )
-    for g in groups:
+    shown, hidden = _bounded(groups)
+    for g in shown:
+        if g is None:
+            drawn.add_row("…", _hidden_groups(hidden), "", "", "", "", "")
+            continue
         rate = _group_lr(g)
         if per_group and g.schedulers:
             rate += f" ({_schedulers(g.schedulers)})"

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
+from typing import cast
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.hooks import RemovableHandle
-from torchvision.ops.misc import FrozenBatchNorm2d
 
-from ..modules import is_batchnorm, parent_of
+from ..modules import is_batchnorm, is_frozen_batchnorm, parent_of
 from . import ties
 from .selection import Selection
 from .transaction import Transaction
@@ -37,7 +37,7 @@ def is_held(module: nn.Module) -> bool:
 
 def mode(module: nn.Module) -> str:
     """How a BatchNorm layer behaves: frozen, held (eval by policy), train or eval."""
-    if isinstance(module, FrozenBatchNorm2d):
+    if is_frozen_batchnorm(module):
         return "frozen"
     if is_held(module):
         return "held"
@@ -92,7 +92,10 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t for n in _COPIED if isinstance(t := getattr(module, n, None), torch.Tensor)}
 
 
-def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
+def _frozen_copy(bn: nn.BatchNorm2d) -> nn.Module:
+    """A FrozenBatchNorm2d holding ``bn``'s values (torchvision imported here, on first use)."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
     mine = _tensors(bn)
     ref = mine["running_mean"]
     frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps).to(device=ref.device, dtype=ref.dtype)
@@ -104,7 +107,7 @@ def _frozen_copy(bn: nn.BatchNorm2d) -> FrozenBatchNorm2d:
     return frozen
 
 
-def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.BatchNorm2d:
+def _restored(frozen: nn.Module, training: bool, tx: Transaction) -> nn.BatchNorm2d:
     """The BatchNorm2d ``frozen`` replaced, holding ``frozen``'s current values (a checkpoint
     may have been loaded meanwhile), on its device and dtype; a new one with ``frozen``'s
     eps, momentum and affine when the original is unknown (the model was copied while
@@ -115,7 +118,7 @@ def _restored(frozen: FrozenBatchNorm2d, training: bool, tx: Transaction) -> nn.
     if bn is None:
         settings = getattr(frozen, "original_settings", {})
         bn = nn.BatchNorm2d(
-            ref.numel(), eps=frozen.eps, **settings, device=ref.device, dtype=ref.dtype
+            ref.numel(), eps=cast(float, frozen.eps), **settings, device=ref.device, dtype=ref.dtype
         )
     mine = _tensors(bn)
     old = mine["running_mean"]
@@ -217,7 +220,7 @@ def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module]
     swapped: dict[int, nn.Module] = {}
     modes: Counter = Counter()
     for names, bn in _named_batchnorms(selection):
-        if isinstance(bn, FrozenBatchNorm2d):
+        if is_frozen_batchnorm(bn):
             new = _restored(bn, training, tx)
             _swap_all(selection.model, names, new, tx)
             swapped[id(bn)] = bn = new

@@ -6,7 +6,7 @@ the transaction, so a failure part-way rolls back and ``undo`` can replay the in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
 
@@ -212,13 +212,12 @@ class _NewGroup:
 
 
 def _by_home(
-    params: Sequence[nn.Parameter], opt: torch.optim.Optimizer
+    params: Sequence[nn.Parameter], home_of: Callable[[nn.Parameter], int | None]
 ) -> list[tuple[int | None, list[nn.Parameter]]]:
     """``params`` split by home group index (None: never in any group), in first-seen order."""
-    book = optimizer_sync.homes(opt)
     parts: dict[int | None, list[nn.Parameter]] = {}
     for p in params:
-        parts.setdefault(book.index(opt, p), []).append(p)
+        parts.setdefault(home_of(p), []).append(p)
     return list(parts.items())
 
 
@@ -268,10 +267,11 @@ def _plan(
         return scheduler_sync.base_lr(opt, schedulers, index)
 
     where = group_index(opt)
+    home_of = optimizer_sync.homes(opt).indexer(opt)
     homecoming: list[tuple[int, list[nn.Parameter]]] = []
     new_groups: list[_NewGroup] = []
     for block, lr, params in blocks:
-        parts = _by_home(params, opt) if params else []
+        parts = _by_home(params, home_of) if params else []
         if not explicit:
             homecoming += [
                 (home, away)
@@ -291,6 +291,17 @@ def _plan(
             template = opt.defaults if home is None else opt.param_groups[home]
             new_groups.append(_NewGroup(name, ps, template, base, follows))
     return homecoming, new_groups
+
+
+def _merged(
+    moves: Sequence[tuple[int, list[nn.Parameter]]],
+) -> list[tuple[int, list[nn.Parameter]]]:
+    """Moves into the same group as one (in order): joining appends, so the groups end
+    up the same, and each group is rebuilt once instead of once per block."""
+    merged: dict[int, list[nn.Parameter]] = {}
+    for index, params in moves:
+        merged.setdefault(index, []).extend(params)
+    return list(merged.items())
 
 
 def unfreeze(
@@ -362,7 +373,11 @@ def unfreeze(
             scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
         scheduler_sync.snapshot(schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
-        for home, ps in homecoming:
+        moves = _merged(homecoming)
+        editor.detach_ahead(
+            [p for _, ps in moves for p in ps] + [p for g in new_groups for p in g.params]
+        )
+        for home, ps in moves:
             editor.join(home, ps)
         for new in new_groups:
             index = editor.add_group(
@@ -372,7 +387,9 @@ def unfreeze(
                 template=new.template,
                 weight_decay=weight_decay,
             )
-            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base)
+            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base, refresh=False)
+        if new_groups:
+            scheduler_sync.refresh_last_lrs(schedulers, opt)
     _set_requires_grad(all_params, True, tx)
     return _effect(
         target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes, resynced=resynced

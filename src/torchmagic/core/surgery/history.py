@@ -3,7 +3,13 @@
 Records hold their model and optimizer weakly. A record whose model is no longer bound to
 its variable, or whose optimizer was re-created, is *released*: its undo log goes (so it
 keeps no old model, optimizer or state alive) and its entry stays listed as stale. The log
-is capped in entries and bytes: the oldest records go first; the newest always stays.
+is capped in entries and bytes: the oldest records go first; the newest always stays, so
+the last command can always be undone whatever the caps.
+
+The byte cap, unless the user sets one, is a share of the machine's RAM (:func:`byte_cap`):
+what the history keeps (optimizer state set aside, replaced layers) lives in host memory,
+and a fixed figure is either most of a small machine or a single command of a large model
+(one freeze of 8 vit_h_14 blocks sets aside 1.2 GiB of AdamW state).
 
 Apart from the undo log, the history keeps every command that still applies (all but
 those undone), however old: a checkpoint replays them on a freshly built model.
@@ -26,6 +32,37 @@ from .transaction import Transaction
 
 REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
 REPLAYED = "replayed from a checkpoint"  # a resumed command: listed, never undone
+
+RAM_SHARE = 4  # the automatic byte cap: a quarter of the machine's RAM …
+MIN_CAP = 1 << 30  # … and at least 1 GiB (also where the RAM is unknown)
+
+
+@dataclass(frozen=True)
+class ByteCap:
+    """The history's byte cap and why it is that (said when it drops commands)."""
+
+    nbytes: int
+    reason: str
+
+
+def byte_cap(configured: int | None, total_ram: int | None) -> ByteCap:
+    """The cap a session uses: ``configured`` when set, else ``1 / RAM_SHARE`` of the
+    machine's ``total_ram`` bytes, at least ``MIN_CAP``."""
+    if configured is not None:
+        return ByteCap(configured, "as configured")
+    if total_ram is None:
+        return ByteCap(MIN_CAP, f"the default {_gib(MIN_CAP)}: this machine's RAM is unknown")
+    share = total_ram // RAM_SHARE
+    if share < MIN_CAP:
+        return ByteCap(MIN_CAP, f"at least {_gib(MIN_CAP)}, on a machine of {_gib(total_ram)}")
+    return ByteCap(
+        share,
+        f"a quarter of this machine's {_gib(total_ram)} of RAM, where set-aside state is kept",
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 @dataclass

@@ -13,7 +13,7 @@ the user's own groups (decay / no-decay, backbone / head) survive surgery.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -76,11 +76,19 @@ class Homes:
 
     def index(self, optimizer: torch.optim.Optimizer, p: nn.Parameter) -> int | None:
         """Where ``p``'s home group is in ``optimizer.param_groups``; None without one."""
-        home = self._home(p)
+        return self.indexer(optimizer)(p)
+
+    def indexer(self, optimizer: torch.optim.Optimizer) -> Callable[[nn.Parameter], int | None]:
+        """:meth:`index` for many parameters: the groups' positions are looked up once."""
+        position: dict[int, int] = {}
         for i, group in enumerate(optimizer.param_groups):
-            if group is home:
-                return i
-        return None
+            position.setdefault(id(group), i)
+
+        def index(p: nn.Parameter) -> int | None:
+            home = self._home(p)
+            return None if home is None else position.get(id(home))
+
+        return index
 
     def settle(self, params: Sequence[nn.Parameter], group: dict, tx: Transaction) -> None:
         """Make ``group`` the home of ``params``; undone with the command."""
@@ -179,6 +187,14 @@ class OptimizerEditor:
         self._tx = tx
         self._model = model
         self._names: dict[int, str] | None = None
+        self._uses_param_names: bool | None = None
+        self._holders: dict[int, list[dict]] | None = None
+        self._by_name: dict[str, list[int]] | None = None
+        self._layouts: set[bool] | None = None  # which groups carry param_names
+        # parameters taken out ahead (detach_ahead) and not placed yet, and the groups
+        # they left: those count as holding them until they are placed
+        self._away: dict[int, list[int]] = {}
+        self._pending: dict[int, int] = {}
         groups = list(optimizer.param_groups)
         saved = [_copy_group(g) for g in groups]
         # what to restore per group; until commit (a rollback) everything
@@ -238,7 +254,33 @@ class OptimizerEditor:
 
     @property
     def uses_param_names(self) -> bool:
-        return any("param_names" in g for g in self.optimizer.param_groups)
+        """Whether the groups carry ``param_names`` (fixed for the command: every group
+        the editor adds follows the optimizer's layout)."""
+        if self._uses_param_names is None:
+            self._uses_param_names = any("param_names" in g for g in self.optimizer.param_groups)
+        return self._uses_param_names
+
+    def _holding(self) -> dict[int, list[dict]]:
+        """The groups holding each parameter, by ``id`` (one, unless the user put it in
+        several), indexed at the first edit and kept up to date by the editor's own edits,
+        so that moving one block does not scan every group."""
+        if self._holders is None:
+            self._holders = {}
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    holders = self._holders.setdefault(id(p), [])
+                    if not holders or holders[-1] is not group:
+                        holders.append(group)
+        return self._holders
+
+    def _named(self, name: str) -> list[int]:
+        """Indices of the groups called ``name``, indexed once per command."""
+        if self._by_name is None:
+            self._by_name = {}
+            for index, group in enumerate(self.optimizer.param_groups):
+                if isinstance(group.get("name"), str):
+                    self._by_name.setdefault(group["name"], []).append(index)
+        return self._by_name.get(name, [])
 
     def _names_of(self, params: Sequence[nn.Parameter]) -> list[str]:
         """Qualified names, for optimizers built from ``named_parameters()`` (looked up
@@ -249,14 +291,35 @@ class OptimizerEditor:
 
     def detach(self, params: Sequence[nn.Parameter]) -> None:
         """Take ``params`` out of whatever groups hold them, keeping their state."""
+        holding = self._holding()
         ids = {id(p) for p in params}
-        for group in self.optimizer.param_groups:
+        touched = {id(g): g for p in params for g in holding.pop(id(p), ())}
+        for group in touched.values():
             keep = [i for i, p in enumerate(group["params"]) if id(p) not in ids]
             if len(keep) == len(group["params"]):
                 continue
             if "param_names" in group:
                 group["param_names"] = [group["param_names"][i] for i in keep]
             group["params"] = [group["params"][i] for i in keep]
+
+    def detach_ahead(self, params: Sequence[nn.Parameter]) -> None:
+        """Take ``params`` out of their groups at once (each group rebuilt once) before the
+        :meth:`join` / :meth:`add_group` calls that place them. A group they leave counts
+        as still holding each of them until it is placed, so the groups come out exactly
+        as if each had left only when placed (an emptied group is reused by name then)."""
+        holding = self._holding()
+        for p in params:
+            left = [id(g) for g in holding.get(id(p), ())]
+            if left and id(p) not in self._away:
+                self._away[id(p)] = left
+                for key in left:
+                    self._pending[key] = self._pending.get(key, 0) + 1
+        self.detach(params)
+
+    def _placed(self, params: Sequence[nn.Parameter]) -> None:
+        for p in params:
+            for key in self._away.pop(id(p), ()):
+                self._pending[key] -= 1
 
     def remove(self, params: Sequence[nn.Parameter]) -> int:
         """Take ``params`` out of the optimizer and set their state aside on the host;
@@ -269,9 +332,12 @@ class OptimizerEditor:
         """
         where = group_index(self.optimizer)
         book = homes(self.optimizer)
-        for index in sorted({where[id(p)] for p in params if id(p) in where}):
-            group = self.optimizer.param_groups[index]
-            book.settle([p for p in params if where.get(id(p)) == index], group, self._tx)
+        leaving: dict[int, list[nn.Parameter]] = {}
+        for p in params:
+            if id(p) in where:
+                leaving.setdefault(where[id(p)], []).append(p)
+        for index in sorted(leaving):
+            book.settle(leaving[index], self.optimizer.param_groups[index], self._tx)
         state = self.optimizer.state
         stash: list[tuple[nn.Parameter, dict]] = []
         freed = 0
@@ -323,12 +389,18 @@ class OptimizerEditor:
         cycles do not pile up groups).
         """
         self.detach(params)
+        self._placed(params)
         groups = self.optimizer.param_groups
         settings = hyperparameters(template)
         if weight_decay is not None:
             settings["weight_decay"] = weight_decay
-        for index, group in enumerate(groups):
-            if group.get("name") == name and not group["params"]:
+        for index in self._named(name):
+            group = groups[index]
+            if (
+                group.get("name") == name
+                and not group["params"]
+                and not self._pending.get(id(group))
+            ):
                 group.update(settings, lr=lr)
                 self.join(index, params)
                 return index
@@ -339,15 +411,51 @@ class OptimizerEditor:
             else list(params)
         )
         new.update(lr=lr, name=name)
-        self.optimizer.add_param_group(new)
-        return len(groups) - 1
+        if self._layouts is None:
+            self._layouts = {"param_names" in g for g in groups}
+        _append_group(self.optimizer, new, self._layouts)
+        index = len(groups) - 1
+        self._layouts.add("param_names" in groups[index])
+        for p in params:
+            self._holding()[id(p)] = [groups[index]]
+        if self._by_name is not None:
+            self._by_name.setdefault(name, []).append(index)
+        return index
 
     def join(self, index: int, params: Sequence[nn.Parameter]) -> None:
         """Move ``params`` into the existing group ``index`` (after its own members)."""
         self.detach(params)
+        self._placed(params)
         group = self.optimizer.param_groups[index]
-        held = {id(p) for p in group["params"]}
-        params = [p for p in params if id(p) not in held]
         group["params"] = [*group["params"], *params]
         if "param_names" in group:
             group["param_names"] = [*group["param_names"], *self._names_of(params)]
+        for p in params:
+            self._holding()[id(p)] = [group]
+
+
+def _append_group(optimizer: torch.optim.Optimizer, group: dict, layouts: set[bool]) -> None:
+    """``optimizer.add_param_group(group)`` for a group whose parameters are in no other.
+
+    torch's own method re-reads every group's members to check that: over thousands of
+    new groups, quadratic. Where the optimizer uses torch's method unchanged, it checks
+    against empty stand-ins with the groups' ``param_names`` ``layouts`` (with, without)
+    instead, so it still refuses a mixed layout, and fills in the defaults as always.
+    """
+    groups = optimizer.param_groups
+    plain = (
+        type(optimizer).add_param_group is torch.optim.Optimizer.add_param_group
+        and vars(optimizer).get("param_groups") is groups
+    )
+    if not plain:
+        optimizer.add_param_group(group)
+        return
+    stand_ins: list[dict] = [
+        {"params": [], "param_names": []} if named else {"params": []} for named in sorted(layouts)
+    ]
+    optimizer.param_groups = stand_ins
+    try:
+        optimizer.add_param_group(group)
+    finally:
+        optimizer.param_groups = groups
+    groups.extend(stand_ins[len(layouts) :])

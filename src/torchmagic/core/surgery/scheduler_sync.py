@@ -316,18 +316,29 @@ def _timm_entries(
     _put(bases, index, own)
 
 
+def refresh_last_lrs(schedulers: Iterable[object], optimizer: torch.optim.Optimizer) -> None:
+    """Each scheduler's ``_last_lr``: the groups' lrs now."""
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for s in schedulers:
+        if isinstance(getattr(s, _LAST_LR, None), list):
+            setattr(s, _LAST_LR, list(lrs))
+
+
 def follow(
     schedulers: Iterable[object],
     optimizer: torch.optim.Optimizer,
     index: int,
     ref: int,
     base: float,
+    refresh: bool = True,
 ) -> None:
     """Give group ``index`` (new or reused) the base lr ``base``, following group ``ref``.
 
     Sets the group's lr now (``base`` × the reference group's present factor) and every
     schedule entry (the reference group's × base / reference base). Group dicts are
-    restored by the optimizer snapshot; lists by :func:`snapshot`.
+    restored by the optimizer snapshot; lists by :func:`snapshot`. ``refresh=False``
+    leaves ``_last_lr`` to one :func:`refresh_last_lrs` after following many groups
+    (each refresh reads every group).
     """
     schedulers = list(schedulers)
     groups = optimizer.param_groups
@@ -354,7 +365,8 @@ def follow(
             if name in (_TIMM_BASES, _TIMM_WARMUP) and is_timm_scheduler(s):
                 continue
             if name == _LAST_LR:
-                setattr(s, name, [g["lr"] for g in groups])
+                if refresh:
+                    setattr(s, name, [g["lr"] for g in groups])
             elif name == _TIMM_RESTORE:
                 _put(values, index, group["lr"])
             elif name in _SCALED_LISTS:

@@ -11,7 +11,7 @@ from functools import cached_property
 from torch import nn
 
 from ..errors import TorchMagicError
-from ..modules import unwrap, wrapper_prefix
+from ..modules import unique_parameters, unwrap, walk, wrapper_prefix
 from . import ties
 from .grammar import Segment, Target, is_index
 
@@ -26,10 +26,10 @@ class Block:
     recurse: bool = True
 
     def parameters(self) -> list[nn.Parameter]:
-        return list(self.module.parameters(recurse=self.recurse))
+        return unique_parameters([self.module], self.recurse)
 
     def modules(self) -> list[nn.Module]:
-        return list(self.module.modules()) if self.recurse else [self.module]
+        return list(walk(self.module)) if self.recurse and self.module._modules else [self.module]
 
 
 @dataclass(frozen=True)
@@ -85,15 +85,28 @@ def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
     return child
 
 
+def _first_keys(module: nn.Module) -> dict[int, str]:
+    """The first name each child is registered under, by identity (a child registered
+    twice is reached under its first name)."""
+    keys: dict[int, str] = {}
+    for key, child in module._modules.items():
+        if child is not None:
+            keys.setdefault(id(child), key)
+    return keys
+
+
 def _resolve_path(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
     """Every (qualified name, module) a dotted target stands for, ranges expanded."""
     found: list[tuple[str, nn.Module]] = [("", model)]
     for seg in target.segments:
         nxt: list[tuple[str, nn.Module]] = []
         for path, module in found:
+            keys: dict[int, str] | None = None  # built once per parent, not per child
             for name in seg.names():
                 child = _child(module, name, path, seg)
-                key = next(k for k, v in module._modules.items() if v is child)
+                if keys is None:
+                    keys = _first_keys(module)
+                key = keys[id(child)]
                 nxt.append((f"{path}.{key}" if path else key, child))
         found = nxt
     return found
@@ -121,20 +134,51 @@ def resolve(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
     return _resolve_path(model, Target(target.text, target.segments[skipped:]))
 
 
-def _is_within(name: str, ancestor: str) -> bool:
-    return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+def _lineage(name: str) -> list[str]:
+    """``name`` and every ancestor of it, the whole model ("") last: ``a.b`` → a.b, a, ""."""
+    out = [name]
+    while name:
+        name = name.rpartition(".")[0]
+        out.append(name)
+    return out
 
 
-def _position(model: nn.Module, name: str) -> tuple[int, ...]:
-    """Where ``name`` sits in registration order, without walking the whole model."""
-    position = []
-    module: nn.Module | None = model
-    for part in name.split(".") if name else ():
-        assert module is not None  # a path of registered children
-        keys = list(module._modules)
-        position.append(keys.index(part))
-        module = module._modules[part]
-    return tuple(position)
+class _Names:
+    """A set of qualified module names, asked in time linear in a name's depth (not in the
+    size of the set) whether it contains an ancestor or a descendant of a name."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self._above = {a for n in names for a in _lineage(n)}  # names and their ancestors
+
+    def holds_ancestor_of(self, name: str, strict: bool = False) -> bool:
+        """Whether ``name`` is within one of the names (itself one, unless ``strict``)."""
+        return any(a in self.names for a in _lineage(name)[1 if strict else 0 :])
+
+    def holds_descendant_of(self, name: str) -> bool:
+        """Whether one of the names is within ``name`` (or is ``name``)."""
+        return name in self._above
+
+
+class _Positions:
+    """Where a name sits in registration order, without walking the whole model; each
+    parent's children are indexed once, so sorting thousands of siblings stays linear."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._index: dict[int, dict[str, int]] = {}
+
+    def __call__(self, name: str) -> tuple[int, ...]:
+        position = []
+        module: nn.Module | None = self._model
+        for part in name.split(".") if name else ():
+            assert module is not None  # a path of registered children
+            index = self._index.get(id(module))
+            if index is None:
+                index = self._index[id(module)] = {k: i for i, k in enumerate(module._modules)}
+            position.append(index[part])
+            module = module._modules[part]
+        return tuple(position)
 
 
 def select(
@@ -144,20 +188,22 @@ def select(
 
     No targets means the whole model. Blocks come back in module order, each once, none
     nested in another; a block that contains an excluded module is split into its children.
+    Linear in the number of names (each checked against sets of its ancestors).
     """
     model = unwrap(model)
     picked: dict[str, nn.Module] = {}
     for target in targets or (Target(text=""),):
         for name, module in resolve(model, target):
             picked.setdefault(name, module)
-    excluded = {name for t in exclude for name, _ in resolve(model, t)}
-    tops = [n for n in picked if not any(o != n and _is_within(n, o) for o in picked)]
+    excluded = _Names({name for t in exclude for name, _ in resolve(model, t)})
+    chosen = _Names(set(picked))
+    tops = [n for n in picked if not chosen.holds_ancestor_of(n, strict=True)]
     blocks: list[Block] = []
 
     def carve(name: str, module: nn.Module) -> None:
-        if any(_is_within(name, e) for e in excluded):
+        if excluded.holds_ancestor_of(name):
             return
-        if not any(_is_within(e, name) for e in excluded):
+        if not excluded.holds_descendant_of(name):
             blocks.append(Block(name, module))
             return
         if any(True for _ in module.parameters(recurse=False)):
@@ -165,16 +211,17 @@ def select(
         for child_name, child in module.named_children():
             carve(f"{name}.{child_name}" if name else child_name, child)
 
-    tops.sort(key=lambda n: _position(model, n))
+    position = _Positions(model)
+    tops.sort(key=position)
     for name in tops:
         carve(name, picked[name])
     if not blocks:
         raise TorchMagicError("nothing left to act on: --except removed every selected module")
+    top_names = _Names(set(tops))
     kept_out = [
         e
-        for e in excluded
-        if any(_is_within(e, t) for t in tops)
-        and not any(o != e and _is_within(e, o) for o in excluded)
+        for e in excluded.names
+        if top_names.holds_ancestor_of(e) and not excluded.holds_ancestor_of(e, strict=True)
     ]
-    kept_out.sort(key=lambda n: _position(model, n))
+    kept_out.sort(key=position)
     return Selection(model, tuple(blocks), tuple(tops), tuple(kept_out))
