@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
 from torchmagic import Session, TorchMagicError
+from torchmagic.core.advice import spelled
+from torchmagic.magics.spelling import magic_line
 from torchmagic.render import render
 
 SCHEDULE_KEYS = ("initial_lr", "max_lr", "min_lr")
@@ -258,9 +260,9 @@ def test_the_magic_flags(ip):
     fits = torchmagic.notebook_session().fits
     assert [[c.name for c in h.schedules] for h in fits] == [["OneCycleLR"], ["OneCycleLR"]]
     assert ip.user_ns["optimizer"].param_groups[0]["lr"] == 0.05
-    commands = [e.command for e in torchmagic.notebook_session().history()]
-    assert commands[0] == "freeze('model', exclude=['fc'], bn='train')"
-    with pytest.raises(UsageError, match="invalid choice"):
+    commands = [spelled(e.command, magic_line) for e in torchmagic.notebook_session().history()]
+    assert commands[0] == "%freeze model --except fc --bn train"  # as the notebook spells it
+    with pytest.raises(UsageError, match="--schedule takes one-cycle, got 'cosine'"):
         ip.run_line_magic("fine_tune", "model train --val val --epochs 1 --schedule cosine")
 
 

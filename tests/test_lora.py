@@ -466,3 +466,34 @@ def test_a_save_carries_the_adapters_and_resumes_bit_for_bit(tmp_path, merged):
     assert [g.get("name") for g in fresh_opt.param_groups] == [
         g.get("name") for g in opt.param_groups
     ]
+
+
+def test_an_ema_copy_gets_the_same_adapters_and_merges_with_the_model():
+    from torch.optim.swa_utils import AveragedModel
+
+    model = vit()
+    ema = AveragedModel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tm = Session(namespace={"model": model, "ema": ema, "opt": opt})
+    change = tm.lora("blocks.*.attn.qkv", r=4)
+    assert any("`ema`" in n for n in change.effect.notes)
+    names = [n for n, _ in model.named_parameters()]
+    assert [n for n, _ in ema.module.named_parameters()] == names
+    for (_, mine), (_, theirs) in zip(
+        ema.module.named_parameters(), model.named_parameters(), strict=True
+    ):
+        assert torch.equal(mine, theirs)
+    _train(model, opt)
+    ema.update_parameters(model)  # the first update copies; it crashed on the new names before
+    ema.update_parameters(model)
+    assert torch.equal(
+        ema.module.blocks[0].attn.qkv.lora_B.default.weight,
+        model.blocks[0].attn.qkv.lora_B.default.weight,
+    )
+    tm.merge_lora()
+    assert isinstance(ema.module.blocks[0].attn.qkv, nn.Linear)
+    assert [n for n, _ in ema.module.named_parameters()] == [n for n, _ in model.named_parameters()]
+    tm.undo()  # the merge, in both
+    tm.undo()  # the adapters, in both
+    assert isinstance(ema.module.blocks[0].attn.qkv, nn.Linear)
+    assert [n for n, _ in ema.module.named_parameters()] == [n for n, _ in vit().named_parameters()]

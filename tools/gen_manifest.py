@@ -52,7 +52,7 @@ PURPOSES = {
     ("freeze", "line"): "stop training modules; the optimizer follows",
     ("unfreeze", "line"): "train modules again, in their own lr groups",
     ("replace_head", "line"): "a fresh classification head with N outputs",
-    ("lora", "line"): "low-rank adapters on chosen layers; merge, off, on",
+    ("lora", "line"): "LoRA adapters on layers; merge, off, on",
     ("summary", "line"): "the module table, output shapes too",
     ("load_model", "line"): "a zoo model with its weights and labels",
     ("amp", "line"): "mixed precision: status, on, off",
@@ -62,7 +62,7 @@ PURPOSES = {
     ("fine_tune", "line"): "fastai's recipe: the head, then all",
     ("device", "line"): "devices; move a model with its state",
     ("gpumem", "line"): "memory now, a step's peak, the best batch",
-    ("tm", "line"): "the session: history, undo, doctor, save, load, export, help",
+    ("tm", "line"): "the session: history, undo, save, help",
 }
 CELL_WORDS = {"amp": f"[{'|'.join(MODES)}]"}  # what follows %%name on a cell's first line
 CELL_PREFIX = "Cell:"  # the docstring paragraph that describes the cell magic

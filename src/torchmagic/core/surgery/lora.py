@@ -18,6 +18,7 @@ and how their base weights trained before, is kept in :data:`_ADDED`.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -181,14 +182,63 @@ def add(
     for name, _, layer in made:
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, layer)
+    for _, copy in target.ema_copies:
+        _adapt_copy(copy, [(n, layer) for n, _, layer in made], adapter, (r, alpha, dropout), tx)
     if opt is not None:
         index = editor.add_group(adapters, name=_group_name(opt), lr=base_lr, template=opt.defaults)
         scheduler_sync.follow(target.schedulers, opt, index, head, base_lr)
     notes = (
         f"rank {r}, alpha {alpha:g} (scale {alpha / r:g}); the base weights of "
         f"{len(made)} layer(s) frozen; outputs unchanged (B starts at zero)",
+        *(f"EMA copy `{path}`: the same adapters (copies)" for path, _ in target.ema_copies),
     )
     return Effect(tuple(n for n, _, _ in made), _numel(adapters), freed, notes=notes)
+
+
+def _adapt_copy(
+    copy: nn.Module,
+    made: Sequence[tuple[str, nn.Module]],
+    adapter: str,
+    options: tuple[int, float, float],
+    tx: Transaction,
+) -> None:
+    """The same LoRA layers in an EMA copy, their adapters starting as copies of the
+    model's (trainable as the copy's base weights are), so the copy keeps averaging the
+    model parameter by parameter."""
+    for name, layer in made:
+        old = copy.get_submodule(name)
+        twin = peft.make_lora_layer(old, adapter, *options)
+        trains = next((p.requires_grad for p in old.parameters()), False)
+        with torch.no_grad():
+            pairs = zip(peft.adapter_parameters(twin), peft.adapter_parameters(layer), strict=True)
+            for mine, theirs in pairs:
+                mine.copy_(theirs)
+                mine.requires_grad_(trains)
+        parent, attr = parent_of(copy, name)
+        tx.set_attr(parent, attr, twin)
+
+
+def _fold(root: nn.Module, name: str, layer: nn.Module, tx: Transaction) -> list[nn.Parameter]:
+    """Merge the LoRA ``layer`` at ``name`` into its base layer and put the base layer in
+    its place (undone with ``tx``, weights bit for bit); the base layer's parameters."""
+    base = peft.base_of(layer)
+    params = list(base.parameters())
+    saved = [p.detach().clone() for p in params]
+    merged = peft.merged_adapters(layer)
+    tx.hold(saved)
+
+    def restore() -> None:
+        with torch.no_grad():
+            for p, old in zip(params, saved, strict=True):
+                p.copy_(old)
+        peft.unmark_merged(layer, merged)
+
+    tx.add(restore)
+    with torch.no_grad():
+        peft.merge(layer)
+    parent, attr = parent_of(root, name)
+    tx.set_attr(parent, attr, base)
+    return params
 
 
 def _adapted(model: nn.Module, model_name: str) -> list[tuple[str, nn.Module]]:
@@ -215,26 +265,13 @@ def merge(target: BoundModel, tx: Transaction) -> Effect:
     tx.hold(adapters)  # the LoRA layers leave the model: only the log keeps them
     retrain: list[nn.Parameter] = []
     for name, layer in layers:
-        base = peft.base_of(layer)
-        params = list(base.parameters())
-        saved = [p.detach().clone() for p in params]
-        merged = peft.merged_adapters(layer)
-        tx.hold(saved)
-
-        def restore(params=params, saved=saved, layer=layer, merged=merged) -> None:
-            with torch.no_grad():
-                for p, old in zip(params, saved, strict=True):
-                    p.copy_(old)
-            peft.unmark_merged(layer, merged)
-
-        tx.add(restore)
-        with torch.no_grad():
-            peft.merge(layer)
-        before = _ADDED.get(layer, tuple(p.requires_grad for p in params))
+        before = _ADDED.get(layer, tuple(p.requires_grad for p in peft.base_of(layer).parameters()))
+        params = _fold(target.model, name, layer, tx)
         _record(layer, None, tx)
         retrain += [p for p, flag in zip(params, before, strict=True) if flag]
-        parent, attr = parent_of(target.model, name)
-        tx.set_attr(parent, attr, base)
+    for _, copy in target.ema_copies:
+        for name, layer in peft.lora_layers(copy):
+            _fold(copy, name, layer, tx)
     _set_requires_grad(retrain, True, tx)
     if opt is not None and retrain:
         book = optimizer_sync.homes(opt)
