@@ -50,7 +50,7 @@ CASES = {
     "%freeze --bn ": ["eval", "train", "frozen"],
     "%summary h": ["head"],
     "%replace_head a": ["auto"],
-    "%tm ": ["history", "undo", "clear", "use", "fits", "doctor", "help"],
+    "%tm ": ["history", "undo", "clear", "use", "fits", "doctor", "save", "load", "export", "help"],
     "%tm use ": ["model", "head"],
     "%amp o": ["on", "off"],
     "%gpumem ": ["reset", "watch", "estimate", "batch"],
