@@ -120,9 +120,9 @@ def test_every_rank_resumes_the_saved_weights(ranks):
         assert record["resumed"].keys() == saved.keys()
         assert all(torch.equal(record["resumed"][k], saved[k]) for k in saved)
         assert record["history"] == [
-            "freeze('0')",
-            "replace_head('5', 3)",
-            "unfreeze('0', lr=0.001)",
+            'tm.freeze("0")',
+            'tm.replace_head("5", 3)',
+            'tm.unfreeze("0", lr=0.001)',
         ]
 
 
