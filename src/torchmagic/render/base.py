@@ -403,7 +403,12 @@ def _html_table(console: Console, table: Table) -> str:
 def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
     """A cell's content drawn unbounded (the browser wraps it), lines apart by <br>;
     ``whole`` False: each word kept on one line, as browsers otherwise also break after
-    a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``)."""
+    a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``). A one-line text (most
+    cells) is drawn from its own segments, without a layout pass."""
+    text = Text(cell) if isinstance(cell, str) else cell
+    if isinstance(text, Text) and "\n" not in text.plain:
+        segments = _rstrip(Segment.simplify(text.render(console, end="")))
+        return _html_line(segments, words=not whole) if segments else ""
     options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
     lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
     while lines and not lines[-1]:
