@@ -9,6 +9,8 @@ import builtins
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import OrderedDict
 
@@ -375,6 +377,7 @@ def test_cached_timm_weights_load_from_their_file_without_the_hub(monkeypatch, t
     file = tmp_path / "resnet10t.safetensors"
     seen = []
     monkeypatch.setattr(zoo, "_hub_cached", lambda repo, names: str(file))
+    monkeypatch.setattr(zoo, "_maybe_cached_timm", lambda name: True)
     monkeypatch.setattr(zoo, "_probe", no_hub)
     real = timm.create_model
 
@@ -386,3 +389,28 @@ def test_cached_timm_weights_load_from_their_file_without_the_hub(monkeypatch, t
     zoo.load_model("timm:resnet10t")
     ((name, pretrained, kwargs),) = seen
     assert pretrained and kwargs == {"pretrained_cfg_overlay": {"file": str(file)}}
+
+
+def test_offline_timm_without_a_cached_file_is_told_before_timm_is_imported(tmp_path):
+    """Importing timm takes seconds: with nothing on disk the offline answer comes first."""
+    code = (
+        "import sys, torchmagic\n"
+        "from torchmagic.core import zoo\n"
+        "try:\n"
+        "    zoo.load_model('timm:resnet18')\n"
+        "except torchmagic.TorchMagicError as error:\n"
+        "    print('refused:', error)\n"
+        "print('timm' in sys.modules)\n"
+    )
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "TORCH_HOME": str(tmp_path / "torch"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("refused: cannot fetch the weights resnet18 (HF_HUB_OFFLINE is set)")
+    assert lines[-1] == "False"

@@ -33,6 +33,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -353,10 +354,19 @@ def _timm_file(cfg: Any) -> str | None:
     return None
 
 
-def _timm(name: str, spec: str | None) -> LoadedModel:
-    import timm
-    import timm.data
+def _maybe_cached_timm(name: str) -> bool:
+    """Whether weights of timm's ``name`` may be on disk (the Hugging Face cache holds
+    ``models--timm--NAME…``, torch's hub checkpoints a file named after it); False means
+    surely not, so that offline can be told before timm is imported (seconds)."""
+    from huggingface_hub import constants
 
+    base = name.partition(".")[0]
+    hub = Path(constants.HF_HUB_CACHE)
+    checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
+    return any(hub.glob(f"models--timm--{base}*")) or any(checkpoints.glob(f"{base}*"))
+
+
+def _timm(name: str, spec: str | None) -> LoadedModel:
     pretrained = not _no_weights(spec)
     if pretrained and str(spec).upper() != "DEFAULT" and not _TAG.match(str(spec)):
         raise TorchMagicError(
@@ -365,6 +375,11 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
             "model.load_state_dict(torch.load(path, weights_only=True))",
             param="weights",
         )
+    if pretrained and not _maybe_cached_timm(name) and (offline := _hub_offline()) is not None:
+        raise _fetch_failed(name, f"timm:{name}", offline, "the Hugging Face cache")
+    import timm
+    import timm.data
+
     full = _timm_name(name, spec)
     if not timm.is_model(full):
         raise _unknown(full, timm.list_models(), "timm")
@@ -405,15 +420,9 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
 
 
 def _hf(name: str, spec: str | None) -> LoadedModel:
-    from transformers import (
-        AutoConfig,
-        AutoImageProcessor,
-        AutoModelForImageClassification,
-    )
-
     hub: dict[str, bool] = {}  # local_files_only when the hub does not answer
     if (not _no_weights(spec) or "/" in name) and not os.path.isdir(name):
-        offline = _hub_offline()
+        offline = _hub_offline()  # before importing transformers: offline answers at once
         if offline is not None:
             if _hub_cached(name, ("config.json",)) is None:
                 raise _fetch_failed(
@@ -423,6 +432,12 @@ def _hf(name: str, spec: str | None) -> LoadedModel:
                     "the Hugging Face cache (offline, only a model type such as hf:vit builds)",
                 )
             hub = {"local_files_only": True}
+    from transformers import (
+        AutoConfig,
+        AutoImageProcessor,
+        AutoModelForImageClassification,
+    )
+
     try:
         if not _no_weights(spec):
             model = AutoModelForImageClassification.from_pretrained(name, **hub)
