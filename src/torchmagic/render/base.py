@@ -405,9 +405,11 @@ def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
     ``whole`` False: each word kept on one line, as browsers otherwise also break after
     a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``). A one-line text (most
     cells) is drawn from its own segments, without a layout pass."""
-    text = Text(cell) if isinstance(cell, str) else cell
+    text = console.render_str(cell) if isinstance(cell, str) else cell  # as rich would
     if isinstance(text, Text) and "\n" not in text.plain:
-        segments = _rstrip(Segment.simplify(text.render(console, end="")))
+        base = console.get_style(text.style) if text.style else None  # render() omits it
+        drawn = Segment.apply_style(text.render(console, end=""), base)
+        segments = _rstrip(Segment.simplify(drawn))
         return _html_line(segments, words=not whole) if segments else ""
     options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
     lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
