@@ -160,41 +160,44 @@ class Session:
     ) -> edits.BoundModel:
         """``model`` with its optimizer and schedulers. An optimizer holding none of its
         parameters is refused; ``reading`` (commands that only show) treats it as none."""
-        try:
-            opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
-        except StaleOptimizerError:
-            if not reading:
-                raise
-            opt_name, opt = None, None
-        ws = self.workspace
-        real = unwrap(model)
-        return edits.BoundModel(
-            real,
-            name,
-            opt,
-            opt_name,
-            ws.schedulers(opt) if opt is not None else [],
-            names=ws.names(),
-            rebuilt=None if opt_name is None else ws.rebuilt(opt_name),
-            ema_copies=ws.ema_copies(real),
-        )
+        with self.workspace.pinned():
+            try:
+                opt_name, opt = self.workspace.resolve_optimizer(name, unwrap(model), optimizer)
+            except StaleOptimizerError:
+                if not reading:
+                    raise
+                opt_name, opt = None, None
+            ws = self.workspace
+            real = unwrap(model)
+            return edits.BoundModel(
+                real,
+                name,
+                opt,
+                opt_name,
+                ws.schedulers(opt) if opt is not None else [],
+                names=ws.names(),
+                rebuilt=None if opt_name is None else ws.rebuilt(opt_name),
+                ema_copies=ws.ema_copies(real),
+            )
 
     def bound(
         self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
     ) -> edits.BoundModel:
         """The named (or current) model with the optimizer and schedulers bound to it;
         ``reading``: for a command that only shows, so a stale optimizer counts as none."""
-        name, module = self.workspace.resolve_model(model)
-        return self._target(name, module, optimizer, reading)
+        with self.workspace.pinned():
+            name, module = self.workspace.resolve_model(model)
+            return self._target(name, module, optimizer, reading)
 
     def _selection(self, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None):
-        parsed = parse_targets(targets) if targets else ()
-        excluded = parse_targets(exclude)
-        name, model, relative = self.workspace.split_root(parsed)
-        target = self._target(name, model, optimizer)
-        model_checks.check_editable(target.model, name)
-        relative_excluded = [self.workspace.relative_to(name, t) for t in excluded]
-        return target, select(target.model, relative, relative_excluded)
+        with self.workspace.pinned():
+            parsed = parse_targets(targets) if targets else ()
+            excluded = parse_targets(exclude)
+            name, model, relative = self.workspace.split_root(parsed)
+            target = self._target(name, model, optimizer)
+            model_checks.check_editable(target.model, name)
+            relative_excluded = [self.workspace.relative_to(name, t) for t in excluded]
+            return target, select(target.model, relative, relative_excluded)
 
     def _one_module(
         self, where: str | None, optimizer: str | None = None, reading: bool = False
@@ -202,21 +205,24 @@ class Session:
         """The model ``where`` names (or the current one) and the one module inside it
         that ``where``'s path names: (bound model, relative name, module). ``edit``:
         refuse models surgery cannot edit, else only those it cannot read."""
-        if where is None:
-            name, model = self.workspace.resolve_model()
-            relative = None
-        else:
-            name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
-            relative = relative_targets[0]
-        target = self._target(name, model, optimizer, reading)
-        check = model_checks.check_readable if reading else model_checks.check_editable
-        check(target.model, name)
-        if relative is None or relative.is_whole:
-            return target, "", target.model
-        hits = resolve(target.model, relative)
-        if len(hits) != 1:
-            raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one", param="where")
-        return target, hits[0][0], hits[0][1]
+        with self.workspace.pinned():
+            if where is None:
+                name, model = self.workspace.resolve_model()
+                relative = None
+            else:
+                name, model, relative_targets = self.workspace.split_root(parse_targets([where]))
+                relative = relative_targets[0]
+            target = self._target(name, model, optimizer, reading)
+            check = model_checks.check_readable if reading else model_checks.check_editable
+            check(target.model, name)
+            if relative is None or relative.is_whole:
+                return target, "", target.model
+            hits = resolve(target.model, relative)
+            if len(hits) != 1:
+                raise TorchMagicError(
+                    f"'{where}' names {len(hits)} modules; name one", param="where"
+                )
+            return target, hits[0][0], hits[0][1]
 
     def _variable(self, value: object, param: str) -> object:
         """``value``, or the object bound to it when it is a variable name."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
 from typing import TypeGuard
 
 import torch
@@ -45,6 +46,7 @@ class Workspace:
         # parameters too (``backbone`` and ``head`` apart) stays the model's once a freeze
         # has taken all of the model's out of it, until the name is bound to another
         self._used_optimizer: dict[str, weakref.ref] = {}
+        self._pinned: list[Found] | None = None  # the walk, while a command resolves
 
     def items(self) -> Iterator[tuple[str, object]]:
         """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
@@ -54,7 +56,22 @@ class Workspace:
 
     def found(self) -> list[Found]:
         """Every object reachable from the user's variables (see :mod:`.discovery`)."""
+        if self._pinned is not None:
+            return self._pinned
         return list(discovery.walk(self.items()))
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block one walk serves every lookup: resolving what a command names
+        binds nothing, so the namespace cannot change under it (re-entrant)."""
+        if self._pinned is not None:
+            yield
+            return
+        self._pinned = list(discovery.walk(self.items()))
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def lookup(self, path: str) -> Found | None:
         """The object at ``path`` as the walk names it (``model``, ``learner.opt``,
