@@ -91,3 +91,71 @@ def build_resnet18(seed: int = 0):
     model = torchvision.models.resnet18(num_classes=10)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+
+
+def build_convnext(seed: int = 0):
+    """timm's convnext_atto with create_optimizer_v2's decay / no-decay groups and timm's
+    CosineLRScheduler (stepped per epoch, with warmup)."""
+    import timm
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+
+    torch.manual_seed(seed)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    return model, opt, CosineLRScheduler(opt, t_initial=10, warmup_t=1, warmup_lr_init=1e-5)
+
+
+def build_bert(seed: int = 0):
+    """A tiny BertForSequenceClassification from a config (dropout on), AdamW and
+    transformers' linear warmup."""
+    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import get_linear_schedule_with_warmup as warmup
+
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt, warmup(opt, 2, 20)
+
+
+def token_batches(n: int, classes: int = 4) -> list:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (
+            torch.randint(0, 50, (4, 8), generator=gen),
+            torch.randint(0, classes, (4,), generator=gen),
+        )
+        for _ in range(n)
+    ]
+
+
+def logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=input_ids).logits
+
+
+def amp_train(tm, model: nn.Module, opt: torch.optim.Optimizer, data: Iterable, sched) -> None:
+    """A notebook's own loop under the session's AMP policy: tm.autocast() and tm.step."""
+    model.train()
+    for inputs, targets in data:
+        with tm.autocast():
+            loss = nn.functional.cross_entropy(model(inputs), targets)
+        tm.step(loss, opt)
+        sched.step()
+
+
+def everything(model: nn.Module, opt: torch.optim.Optimizer, scheduler) -> dict:
+    """What must continue bit for bit: structure, state and the scheduler's own state."""
+    return {
+        "structure": structure(model, opt),
+        "state": state(model, opt),
+        "scheduler": scheduler.state_dict(),
+    }
