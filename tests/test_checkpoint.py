@@ -316,6 +316,57 @@ def test_an_interrupted_save_leaves_the_old_file(saved, monkeypatch):
     assert sorted(os.listdir(path.parent)) == [path.name]
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(28, "No space left on device"),  # Python's own writes
+        RuntimeError("[enforce fail at inline_container.cc] . file write failed"),  # torch's
+    ],
+    ids=["oserror", "torch-writer"],
+)
+def test_a_full_disk_leaves_the_old_file_and_says_so(saved, monkeypatch, failure):
+    path, _, _, tm = saved
+    old = path.read_bytes()
+
+    def half_then_full(payload, where):
+        with open(where, "wb") as stream:
+            stream.write(b"PK\x03\x04 partial")
+        raise failure
+
+    monkeypatch.setattr(torch, "save", half_then_full)
+    with pytest.raises(TorchMagicError) as caught:
+        tm.save(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.endswith("the old file is kept")
+    assert "No space left on device" in message or "MiB free on that disk" in message
+    assert path.read_bytes() == old
+    assert sorted(os.listdir(path.parent)) == [path.name]
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_sync_puts_the_file_and_its_folder_on_disk(saved, monkeypatch, sync):
+    """The default relies on the rename alone (Ctrl-C, a killed process, a full disk);
+    ``sync=True`` fsyncs the whole file before the rename and the folder after it."""
+    path, _, _, tm = saved
+    synced: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def recording(handle: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{handle}")
+        synced.append((os.path.basename(target), os.fstat(handle).st_size))
+        real_fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    report = tm.save(path, sync=sync)
+    assert report.synced is sync
+    if not sync:
+        assert synced == []
+        return
+    (file_name, file_size), (folder_name, _) = synced
+    assert file_name.startswith(".tm-save-") and file_size == path.stat().st_size
+    assert folder_name == path.parent.name
+
+
 def test_save_refuses_a_missing_folder(saved, tmp_path):
     *_, tm = saved
     with pytest.raises(TorchMagicError, match="no folder"):

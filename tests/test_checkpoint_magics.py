@@ -58,3 +58,19 @@ def test_load_of_a_bad_file_is_one_usage_error(ip, tmp_path):
     assert_unchanged(before, snapshot(model, opt))
     with pytest.raises(UsageError):
         ip.run_line_magic("tm", "save")  # PATH is required
+
+
+def test_save_sync_flag_reaches_the_session(ip, tmp_path, monkeypatch):
+    import os
+
+    model, opt, sched = build_net()
+    ip.user_ns.update(model=model, optimizer=opt, scheduler=sched)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    with capture_output() as cap:
+        ip.run_line_magic("tm", f"save {tmp_path / 'a.pt'}")
+    assert synced == [] and "synced" not in cap.outputs[0].data["text/plain"]
+    with capture_output() as cap:
+        ip.run_line_magic("tm", f"save {tmp_path / 'b.pt'} --sync")
+    assert len(synced) == 2 and "synced to disk" in cap.outputs[0].data["text/plain"]

@@ -95,12 +95,10 @@ def test_the_magic_and_its_alias(ip) -> None:
         ip.run_line_magic("summary", "--input-shape 1,a")
 
 
-@pytest.mark.parametrize("width", [60, 100])
+@pytest.mark.parametrize("width", [60, 80, 100])
 def test_the_totals_fit_the_tables_width(resnet, width) -> None:
     report = Session(resnet).summary(depth=1, input_shape=(1, 3, 64, 64))
     lines = str(render.render(report, width)).splitlines()
     table = max(len(line) for line in lines if "│" in line)
     totals = [line for line in lines if " · " in line]
-    assert len(totals) >= 2 and all(len(line) <= max(table, width) for line in totals)
-    if not any("hidden at" in line for line in lines):  # hidden columns narrow the table
-        assert all(len(line) <= table for line in totals)
+    assert len(totals) >= 2 and all(len(line) <= table for line in totals)

@@ -11,7 +11,7 @@ checks the result against the file and loads the states.
 
 The file holds plain containers of tensors, numbers and strings, so
 ``torch.load(path, weights_only=True)`` reads it; it is written to a temporary file in the
-same folder, synced and renamed, so an interrupted save never leaves a truncated file.
+same folder and renamed, so an interrupted save never leaves a truncated file.
 
 A new kind of structural change is one more :class:`Replay` method in the history. LoRA
 adapters are replayed so (``lora``, ``merge_lora``, ``lora_off`` / ``lora_on``), and the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class SaveReport:
     groups: int
     schedulers: tuple[str, ...]
     amp: str | None  # "bf16", "fp16", or None (off)
+    synced: bool = False  # fsync'd: on the disk, not only in the page cache
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ def capture(
     return payload
 
 
-def summarize_save(payload: dict, path: str, nbytes: int) -> SaveReport:
+def summarize_save(payload: dict, path: str, nbytes: int, *, synced: bool = False) -> SaveReport:
     opt = payload["optimizer"]
     return SaveReport(
         path=path,
@@ -281,6 +283,7 @@ def summarize_save(payload: dict, path: str, nbytes: int) -> SaveReport:
         groups=0 if opt is None else len(opt["groups"]),
         schedulers=tuple(_short(s["class"]) for s in payload["schedulers"]),
         amp=payload["amp"]["dtype"] if payload["amp"]["enabled"] else None,
+        synced=synced,
     )
 
 
@@ -302,26 +305,50 @@ def summarize_resume(payload: dict, path: str, target: BoundModel) -> ResumeRepo
 # -- writing and reading -------------------------------------------------------------
 
 
-def write(payload: dict, path: str | os.PathLike) -> int:
-    """``torch.save`` into a temporary file beside ``path``, synced, then renamed over it:
-    ``path`` is the old file or the whole new one, never a part. Returns its size."""
+def write(payload: dict, path: str | os.PathLike, *, sync: bool = False) -> int:
+    """``torch.save`` into a temporary file beside ``path``, then renamed over it: ``path``
+    is the old file or the whole new one, never a part (Ctrl-C, a full disk, a killed
+    process). ``sync``: ``fsync`` the file and its folder first, so the new file also
+    survives a power loss (on a local disk that doubles the time of a large save).
+    Returns the size."""
     path = os.path.expanduser(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise TorchMagicError(f"cannot save to '{path}': no folder '{folder}'", param="path")
-    fd, temporary = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise TorchMagicError(f"cannot save to '{path}': {exc.strerror}", param="path") from None
     os.close(fd)
     try:
         torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
-        _fsync(temporary, os.O_RDONLY)
+        if sync:
+            _fsync(temporary, os.O_RDONLY)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
-        _fsync(folder, os.O_RDONLY)
+        reason = _write_failure(exc, folder)
+        if reason is None:
+            raise
+        kept = "the old file is kept" if os.path.exists(path) else "nothing was written"
+        raise TorchMagicError(f"cannot save to '{path}': {reason}; {kept}") from None
+    if sync:
+        with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
+            _fsync(folder, os.O_RDONLY)
     return os.path.getsize(path)
+
+
+def _write_failure(exc: BaseException, folder: str) -> str | None:
+    """Why the file system refused the write (a full disk, a quota, permissions), in
+    words; None for anything else (Ctrl-C goes on as itself). torch's own writer raises a
+    RuntimeError without the OS's reason: the space left on that disk says it."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, RuntimeError) and "file write failed" in str(exc):
+        free = shutil.disk_usage(folder).free
+        return f"the write failed with {free / (1 << 20):.1f} MiB free on that disk"
+    return None
 
 
 def _fsync(path: str, flags: int) -> None:

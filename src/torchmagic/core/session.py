@@ -721,11 +721,14 @@ class Session:
 
     # -- leaving the kernel ----------------------------------------------------------
 
-    def save(self, path: str | os.PathLike, model: str | None = None) -> SaveReport:
+    def save(
+        self, path: str | os.PathLike, model: str | None = None, *, sync: bool = False
+    ) -> SaveReport:
         """Write what a fresh process needs to continue training the (current) model bit
         for bit: weights, optimizer state and param groups by parameter name, scheduler,
         GradScaler and RNG states, the AMP policy and the commands that made the structure
-        (see ``core.checkpoint``). Atomic: ``path`` is never left half written."""
+        (see ``core.checkpoint``). Atomic: ``path`` is never left half written. ``sync``:
+        also on the disk before returning (survives a power loss, not only Ctrl-C)."""
         target = self.bound(model)
         payload = checkpoint.capture(
             target,
@@ -734,8 +737,8 @@ class Session:
             python_call,
             _version(),
         )
-        nbytes = checkpoint.write(payload, path)
-        return checkpoint.summarize_save(payload, os.fspath(path), nbytes)
+        nbytes = checkpoint.write(payload, path, sync=sync)
+        return checkpoint.summarize_save(payload, os.fspath(path), nbytes, synced=sync)
 
     def load(
         self,

@@ -44,7 +44,7 @@ class SessionMagics(TopicMagics):
         return render.render(self.session.doctor(), self.width)
 
     def _save(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.render(self.session.save(words[0]), self.width)
+        return render.render(self.session.save(words[0], sync=args.sync), self.width)
 
     def _load(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.render(self.session.load(words[0]), self.width)
@@ -65,6 +65,11 @@ class SessionMagics(TopicMagics):
         metavar="SUBCOMMAND",
         help="a subcommand and its words (listed below)",
     )
+    @argument(
+        "--sync",
+        action="store_true",
+        help="with save: fsync the file before returning, so it survives a power loss too",
+    )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
         Subcommand("undo", _undo, "revert the last command still applying to a bound model"),
@@ -73,7 +78,12 @@ class SessionMagics(TopicMagics):
         Subcommand("fits", _fits, "every %fit run side by side"),
         Subcommand("doctor", _doctor, "the classic transfer-learning mistakes, with fixes"),
         Subcommand(
-            "save", _save, "write the training state to one file", words="PATH", arity=(1, 1)
+            "save",
+            _save,
+            "write the training state to one file",
+            words="PATH",
+            arity=(1, 1),
+            options=("--sync",),
         ),
         Subcommand(
             "load",

@@ -250,6 +250,14 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     return [(fitted, drawn_at), (note, width)]
 
 
+def drawn_width(console: Console, part: RenderableType, width: int) -> int:
+    """How wide ``part`` is drawn in ``width`` columns, after a table hid or narrowed
+    columns to fit (what a line under it lines up with)."""
+    fitted, drawn_at = _fitted(console, part, width)[0]
+    options = console.options.update(width=drawn_at)
+    return min(console.measure(fitted, options=options).maximum, drawn_at)
+
+
 def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
     """Each column's narrowest width that keeps its words whole (its widest cell where
     it does not wrap), and its widest cell: header, cells and footer."""

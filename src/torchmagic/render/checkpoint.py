@@ -33,7 +33,8 @@ def _what(optimizer: str | None, groups: int, schedulers: tuple[str, ...], amp: 
 def saved(report: SaveReport, width: int | None = None) -> Rendered:
     title = Text()
     title.append(f"saved `{report.model_name}` ({report.model_class})", style="bold")
-    title.append(f" to {report.path} ({human_bytes(report.nbytes)})")
+    title.append(f" to {report.path} ({human_bytes(report.nbytes)}")
+    title.append(", synced to disk)" if report.synced else ")")
     parts: list[RenderableType] = [
         title,
         _what(report.optimizer_name, report.groups, report.schedulers, report.amp),

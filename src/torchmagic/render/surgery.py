@@ -14,7 +14,7 @@ from ..core.advice import Command
 from ..core.surgery.history import REBOUND, REPLAYED
 from ..core.surgery.shapes import ModuleOutput
 from . import theme
-from .base import Rendered, human, human_bytes, lr, table
+from .base import Rendered, drawn_width, human, human_bytes, lr, table
 from .spelling import fix_text
 
 _STATE_STYLE = {
@@ -258,15 +258,16 @@ def _shape(output: ModuleOutput | None) -> str:
 
 
 class Facts:
-    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (or the width, if
-    narrower): a totals line under a table wraps between facts, never inside one."""
+    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (with the columns
+    a narrow width hides hidden): a totals line under a table wraps between facts, never
+    inside one."""
 
     def __init__(self, facts: Sequence[str], table: Table) -> None:
         self.facts = facts
         self.table = table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = max(console.measure(self.table, options=options).maximum, 1)
+        width = max(drawn_width(console, self.table, options.max_width), 1)
         lines = [""]
         for fact in self.facts:
             joined = f"{lines[-1]} · {fact}" if lines[-1] else fact

@@ -831,9 +831,7 @@ class _Trainer:
             if self.interrupt_requested:  # Ctrl-C during the last step or the validation
                 # right after an epoch's last batch (its window stepped) the epoch is whole:
                 # its schedulers step
-                complete = (
-                    0 < batch_index == self.batches_per_epoch and not self.window.pending
-                )
+                complete = 0 < batch_index == self.batches_per_epoch and not self.window.pending
                 self._stopping(
                     StopReason.INTERRUPTED, self._interrupted(epoch, batch_index, complete)
                 )
