@@ -20,7 +20,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic.core import completion
 from torchmagic.core.workspace import Workspace
-from torchmagic.magics.completion import OPTION_VALUES, POSITIONALS, USAGE_WORDS, MagicCompleter
+from torchmagic.magics.completion import (
+    OPTION_VALUES,
+    PATH_WORDS,
+    POSITIONALS,
+    USAGE_WORDS,
+    MagicCompleter,
+)
 from torchmagic.manifest import load_manifest, magic_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,7 +271,8 @@ def test_the_tables_name_what_the_manifest_has() -> None:
     positionals = {a["name"] for m in magics for a in m["arguments"] if a["kind"] == "positional"}
     assert set(POSITIONALS) <= positionals
     usages = " ".join(s["usage"] for m in magics for s in m.get("subcommands", ()))
-    assert all(word in usages.split() or f"[{word}]" in usages for word in USAGE_WORDS)
+    words = [*USAGE_WORDS, *PATH_WORDS]
+    assert all(word in usages.split() or f"[{word}]" in usages for word in words)
 
 
 # -- every magic completes; each answer says what it names ---------------------------
@@ -309,7 +316,7 @@ def test_timm_names_after_the_prefix(shell, monkeypatch) -> None:
     assert complete(shell, "%load_model timm:conv") == ["timm:convnext_atto"]
     # bare names are timm's too once timm is imported (importing it takes seconds)
     monkeypatch.delitem(sys.modules, "timm", raising=False)
-    assert complete(shell, "%load_model zz") == []
+    assert complete(shell, "%load_model zz") == ["zz"]  # nothing: the text typed
     monkeypatch.setitem(sys.modules, "timm", types.ModuleType("timm"))
     assert complete(shell, "%load_model zz") == ["zz_timm_only"]
     assert complete(shell, "%load_model resnet18") == ["resnet18"]  # once
@@ -345,6 +352,27 @@ def test_every_magic_completes_something(shell) -> None:
         found = complete(shell, f"{escape}{magic['name']} ")
         assert found, magic["name"]
         assert not any(c.startswith("%") for c in found), magic["name"]  # not IPython's list
+
+
+def test_nothing_to_offer_keeps_ipythons_list_away(shell) -> None:
+    """A subcommand that takes no words (or a word that matches nothing) answers with
+    the text typed, so TAB changes nothing instead of offering keywords and files."""
+    assert kinds(shell, "%tm undo ") == {"": "nothing to complete"}
+    assert kinds(shell, "%freeze zzz") == {"zzz": "nothing to complete"}
+    assert complete(shell, "%tm history x") == ["x"]
+
+
+def test_save_load_and_export_complete_files(shell, tmp_path, monkeypatch) -> None:
+    for name in ("run.pt", "run.py", "notes.txt", ".hidden.pt"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert complete(shell, "%tm save ") == ["runs/", "notes.txt", "run.pt", "run.py"]
+    assert kinds(shell, "%tm load r") == {"runs/": "folder", "run.pt": "file", "run.py": "file"}
+    assert complete(shell, "%tm export ") == ["runs/", "run.py"]  # scripts only
+    assert complete(shell, "%tm load .h") == [".hidden.pt"]  # hidden once asked for
+    assert complete(shell, f"%tm load {tmp_path}/no") == [f"{tmp_path}/notes.txt"]
+    assert complete(shell, "%tm save run.pt ") == ["--sync"]
 
 
 def test_candidates_say_what_they_name(shell) -> None:

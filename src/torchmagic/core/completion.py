@@ -1,6 +1,7 @@
 """Completion candidates from the live namespace: module paths in the target grammar
 (``layer1``, ``layer1-3``, ``model.features.0-6``), variables of one kind (models,
-optimizers, loaders of batches, losses) and the zoo's model and weights names.
+optimizers, loaders of batches, losses), the zoo's model and weights names, and the
+files a save, load or export names.
 
 Runs on every TAB, so it only reads: no forward pass, no copies, no iteration over a
 loader, and at most ``limit`` answers. Text that does not parse yet yields nothing,
@@ -11,6 +12,7 @@ front end shows beside it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 import types
@@ -226,3 +228,25 @@ def zoo_weights(model_name: str, typed: str) -> list[Candidate]:
 
         names += [m for m in models.get_model_weights(model_name).__members__ if m != "DEFAULT"]
     return tagged((n for n in names if n.startswith(typed)), "weights")
+
+
+def paths(typed: str, suffixes: tuple[str, ...] = (), limit: int = LIMIT) -> list[Candidate]:
+    """Files and folders that complete ``typed`` (``~`` expanded in the listing, kept in
+    the text): folders first, with a ``/``; files only those ending in one of
+    ``suffixes`` when given. Lists one folder, never walks a tree."""
+    folder, slash, start = typed.rpartition("/")
+    where = os.path.expanduser(folder + slash) if slash else "."
+    try:
+        with os.scandir(where) as entries:
+            listed = sorted((e.name, e.is_dir()) for e in entries if e.name.startswith(start))
+    except OSError:
+        return []
+    hidden = not start.startswith(".")
+    shown = [(n, d) for n, d in listed if not (hidden and n.startswith("."))]
+    stem = folder + slash
+    folders = tagged((f"{stem}{n}/" for n, d in shown if d), "folder")
+    files = tagged(
+        (f"{stem}{n}" for n, d in shown if not d and (not suffixes or n.endswith(suffixes))),
+        "file",
+    )
+    return (folders + files)[:limit]

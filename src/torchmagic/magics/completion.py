@@ -52,6 +52,9 @@ POSITIONALS = {
 }
 # What an uppercase word of a subcommand's usage stands for (``%tm use NAME``).
 USAGE_WORDS = {"MODEL": "model", "NAME": "model", "LOADER": "loader", "MAGIC": "magic"}
+# The files an uppercase path word of a usage takes (``%tm load PATH``): the suffixes
+# listed (any file where there are none).
+PATH_WORDS = {"PATH": (), "PATH.py": (".py",)}
 Items = list[completion.Candidate]
 
 
@@ -135,8 +138,13 @@ class MagicCompleter:
         if found is None:
             return {"completions": [], "suppress": False}
         fragment, matches = found
+        # IPython lets only a non-empty answer suppress the others: with nothing to offer
+        # (`%tm undo `), the text typed is the one answer, and TAB changes nothing
+        completions = [SimpleCompletion(m, type=m.kind) for m in matches] or [
+            SimpleCompletion(fragment, type="nothing to complete")
+        ]
         return {
-            "completions": [SimpleCompletion(m, type=m.kind) for m in matches],
+            "completions": completions,
             "matched_fragment": fragment,
             "suppress": True,
             "ordered": True,
@@ -316,6 +324,8 @@ class MagicCompleter:
         for word in words:
             if word == "cuda:N":
                 found += completion.cuda_devices()
+            elif word in PATH_WORDS:
+                found += completion.paths(typed, PATH_WORDS[word])
             elif word == "MAGIC":
                 found += completion.tagged(_magic_names(self.entries), "magic")
             elif word in USAGE_WORDS:
