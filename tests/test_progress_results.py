@@ -119,3 +119,31 @@ def boom(output, target):
     texts = [o.data["text/plain"] for o in cap.outputs]
     assert texts and "completed" not in texts[-1]
     assert texts[-1].splitlines()[-1].startswith("1 of 3 epochs in")
+
+
+@pytest.fixture
+def terminal():
+    """terminal IPython's shell (a text ``Out[n]:`` prompt), torchmagic loaded."""
+    import atexit
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    InteractiveShell.clear_instance()
+    shell = TerminalInteractiveShell.instance()
+    shell.run_line_magic("load_ext", "torchmagic")
+    cell(shell, SETUP)
+    yield shell
+    TerminalInteractiveShell.clear_instance()
+    atexit.unregister(shell.atexit_operations)
+
+
+def test_a_terminal_prints_no_empty_out_prompt_under_the_result(terminal):
+    """A bare %fit ending a cell: the result is on the screen, and the prompt would echo
+    an empty ``Out[n]:`` under it; assigned or not last, the value is returned."""
+    _, stdout, value = cell(terminal, "%fit train --epochs 1")
+    assert "completed" in stdout and "Out[" not in stdout and value is None
+    _, stdout, _ = cell(terminal, "h = %fit train --epochs 1\n1 + 1")
+    assert isinstance(terminal.user_ns["h"], ShownResult) and "Out[3]: 2" in stdout
+    _, stdout, value = cell(terminal, "%fit train --epochs 1\n%lr_find train --steps 5")
+    assert value is None and "Out[" not in stdout

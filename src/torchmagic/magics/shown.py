@@ -6,11 +6,13 @@ displays a cell's last value: shown that way, the same result would appear twice
 the returned value shows once per cell: asked again in the cell that ran the magic (the
 cell's last line, or ``display()``), it draws nothing; in a later cell (``history`` on
 its own line) it shows as the result does. Attributes read through to the result
-(``history.epochs``, ``found.suggestion``).
+(``history.epochs``, ``found.suggestion``). In terminal IPython a bare ``%fit …`` ending a
+cell returns None instead: the prompt would echo an empty ``Out[n]:`` under the result.
 """
 
 from __future__ import annotations
 
+import ast
 import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -57,3 +59,31 @@ class ShownResult:
         if name.startswith("_") or view is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(view, name)
+
+
+def echoed_in_a_terminal(shell: InteractiveShell, magic: str) -> bool:
+    """Whether IPython's terminal would print an empty ``Out[n]:`` for ``%magic``'s value:
+    the shell has a text prompt (not a kernel, which sends nothing for an empty
+    display) and the cell running now ends in ``%magic …`` as a bare expression, whose
+    value the prompt echoes. Its result is on the screen already; returning None there
+    leaves the prompt out (``history = %fit …`` still gets the value)."""
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    cell = shell.displayhook.exec_result
+    if not isinstance(shell, TerminalInteractiveShell) or cell is None or not cell.info:
+        return False
+    try:
+        body = ast.parse(shell.transform_cell(cell.info.raw_cell or "")).body
+    except SyntaxError:
+        return False
+    last = body[-1] if body else None
+    if not isinstance(last, ast.Expr) or not isinstance(last.value, ast.Call):
+        return False
+    call = last.value
+    return (
+        isinstance(call.func, ast.Attribute)
+        and call.func.attr == "run_line_magic"
+        and bool(call.args)
+        and isinstance(call.args[0], ast.Constant)
+        and call.args[0].value == magic
+    )

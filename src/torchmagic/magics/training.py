@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument, magic_arguments, real_name
 from IPython.display import display
 
 from ..core import TorchMagicError
@@ -16,7 +16,7 @@ from ..core.surgery.batchnorm import POLICIES
 from ..core.training.amp import MODES
 from ..core.training.recipe import SCHEDULES
 from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, render, subcommands
-from .shown import ShownResult
+from .shown import ShownResult, echoed_in_a_terminal
 
 if TYPE_CHECKING:
     Progress = render.TerminalProgress | render.NotebookProgress
@@ -326,10 +326,11 @@ class TrainingMagics(TopicMagics):
             raise TorchMagicError("one model and one training loader", param="names")
         return (names[0], names[1]) if len(names) == 2 else (None, names[0])
 
-    def _shown(self, magic: MagicFunction, run: Callable[[Progress], object]) -> ShownResult:
+    def _shown(self, magic: MagicFunction, run: Callable[[Progress], object]) -> ShownResult | None:
         """``run`` with live progress; its result then drawn where the progress was (also
-        when the magic is not the cell's last line) and returned, shown once per cell.
-        When ``run`` fails the progress stays as the run left it."""
+        when the magic is not the cell's last line) and returned, shown once per cell
+        (None where a terminal would echo it as an empty ``Out[n]:``). When ``run``
+        fails the progress stays as the run left it."""
         progress = self._progress()
         try:
             with self.refusals(magic):
@@ -339,6 +340,8 @@ class TrainingMagics(TopicMagics):
             raise
         view = render.render(result, self.width)
         progress.finish(view)
+        if echoed_in_a_terminal(self.shell, real_name(magic)):
+            return None
         return ShownResult(view, self.shell)
 
     def _progress(self) -> Progress:
