@@ -102,3 +102,14 @@ def test_the_totals_fit_the_tables_width(resnet, width) -> None:
     table = max(len(line) for line in lines if "│" in line)
     totals = [line for line in lines if " · " in line]
     assert len(totals) >= 2 and all(len(line) <= table for line in totals)
+
+
+def test_the_totals_wrap_between_facts_in_html(resnet) -> None:
+    """The browser wraps the totals at the cell's width: each fact is one unbreakable
+    span, the `` · `` between them the only place a line may break."""
+    page = render.render(Session(resnet).summary(depth=1), 100).html()
+    block = page[page.index('class="torchmagic-facts"') :].split("</div>")[0]
+    facts = [part.split("</span>")[0] for part in block.split('white-space:nowrap">')[1:]]
+    assert facts[0].startswith("total 11.7M params") and facts[-1] == "depth 1"
+    text = str(render.render(Session(resnet).summary(depth=1), 100))
+    assert len(facts) == 5 and all(fact in text for fact in facts)  # the text's own facts

@@ -56,6 +56,10 @@ _TABLE = (
 )
 # a title above its table, not a <caption>: a caption wraps at the table's width, which
 # may be wider than the output
+_FACTS = (
+    '<div class="torchmagic-facts" style="white-space:normal;margin:0;padding:0 0 2px 0;'
+    f'line-height:1.3;{_FONT}">{{}}</div>'
+)
 _TITLE = (
     f'<div class="torchmagic-title" style="font-weight:bold;white-space:normal;'
     f'line-height:normal;{_FONT}">{{}}</div>'
@@ -156,11 +160,13 @@ class Rendered:
         blocks: list[str] = []
         text: list[list[Segment]] = []
         for part in _parts(self.renderable):
-            if isinstance(part, Table) and part.columns and not _sized(part):
+            if isinstance(part, (Table, Facts)) and not _drawn_as_text(part):
                 if text:
                     blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
                     text = []
-                blocks.append(_html_table(console, part))
+                blocks.append(
+                    part.html() if isinstance(part, Facts) else _html_table(console, part)
+                )
                 continue
             options = console.options.update_width(self.width)
             text += [
@@ -295,6 +301,12 @@ def _header(header: RenderableType) -> str:
 
 _UNBOUNDED = 10_000
 _PROSE = 32
+
+
+def _drawn_as_text(part: Table | Facts) -> bool:
+    """A part whose HTML is its text lines: a table without columns or one that sizes
+    itself."""
+    return isinstance(part, Table) and (not part.columns or _sized(part))
 
 
 def _sized(table: Table) -> bool:
@@ -459,6 +471,35 @@ class HouseTable(Table):
     def __init__(self, *args: Any, hide: Sequence[int] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hide = tuple(hide)
+
+
+class Facts:
+    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (with the columns
+    a narrow width hides hidden): a totals line under a table wraps between facts, never
+    inside one; in HTML the browser wraps them so, at the width of the cell."""
+
+    def __init__(self, facts: Sequence[str], table: Table) -> None:
+        self.facts = facts
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(drawn_width(console, self.table, options.max_width), 1)
+        lines = [""]
+        for fact in self.facts:
+            joined = f"{lines[-1]} · {fact}" if lines[-1] else fact
+            if len(joined) <= width or not lines[-1]:
+                lines[-1] = joined
+            else:
+                lines.append(fact)
+        for line in lines:
+            yield Text(line)
+
+    def html(self) -> str:
+        spans = (
+            f'<span style="white-space:nowrap">{html.escape(fact, quote=False)}</span>'
+            for fact in self.facts
+        )
+        return _FACTS.format(" · ".join(spans))
 
 
 def table(

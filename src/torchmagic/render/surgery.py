@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.padding import Padding
-from rich.table import Table
 from rich.text import Text
 
 from ..core import Change, GroupInfo, HistoryEntry, SummaryReport
@@ -14,7 +13,7 @@ from ..core.advice import Command
 from ..core.surgery.history import REBOUND, REPLAYED
 from ..core.surgery.shapes import ModuleOutput
 from . import theme
-from .base import Rendered, drawn_width, human, human_bytes, lr, table
+from .base import Facts, Rendered, human, human_bytes, lr, table
 from .spelling import fix_text
 
 _STATE_STYLE = {
@@ -257,28 +256,6 @@ def _shape(output: ModuleOutput | None) -> str:
     return (_dims(output.shape) or "scalar") + more if output.tensors else "no tensor"
 
 
-class Facts:
-    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (with the columns
-    a narrow width hides hidden): a totals line under a table wraps between facts, never
-    inside one."""
-
-    def __init__(self, facts: Sequence[str], table: Table) -> None:
-        self.facts = facts
-        self.table = table
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = max(drawn_width(console, self.table, options.max_width), 1)
-        lines = [""]
-        for fact in self.facts:
-            joined = f"{lines[-1]} · {fact}" if lines[-1] else fact
-            if len(joined) <= width or not lines[-1]:
-                lines[-1] = joined
-            else:
-                lines.append(fact)
-        for line in lines:
-            yield Text(line)
-
-
 def summary(report: SummaryReport, width: int | None = None) -> Rendered:
     """The module table. Names are indented with padding, not spaces, so no name wraps (a
     path cut in two reads as two names). Columns nothing fills (BatchNorm in a transformer,
@@ -371,20 +348,20 @@ def history(
         [
             ("#", "right"),
             ("command", "left"),
+            ("undo", "left"),
             ("modules", "left"),
             ("model", "left"),
-            ("undo", "left"),
         ],
         whole=("#", "model", "undo"),
         hide=("model", "modules"),
     )
-    for e in entries:
+    for e in entries:  # what a narrow cell must show (#, command, undo) on the left
         drawn.add_row(
             str(e.index),
             fix_text(e.command),
+            "yes" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
             _names(e.modules),
             e.model_name,
-            "yes" if e.live else Text(_why_not_live(e.stale), style=theme.style("dim")),
         )
     if undone:
         return Rendered(Group(drawn, Text(_undone(undone), style=theme.style("dim"))), width)
