@@ -106,10 +106,12 @@ def test_the_totals_fit_the_tables_width(resnet, width) -> None:
 
 def test_the_totals_wrap_between_facts_in_html(resnet) -> None:
     """The browser wraps the totals at the cell's width: each fact is one unbreakable
-    span, the `` · `` between them the only place a line may break."""
+    span, and a line breaks only after the ``·`` between two (never before it)."""
     page = render.render(Session(resnet).summary(depth=1), 100).html()
     block = page[page.index('class="torchmagic-facts"') :].split("</div>")[0]
-    facts = [part.split("</span>")[0] for part in block.split('white-space:nowrap">')[1:]]
+    parts = block.split('white-space:nowrap">')[1:]
+    facts = [part.split("</span>")[0] for part in parts]
+    assert all(part.endswith("</span>&nbsp;· <span style=\"") for part in parts[:-1])
     assert facts[0].startswith("total 11.7M params") and facts[-1] == "depth 1"
     text = str(render.render(Session(resnet).summary(depth=1), 100))
     assert len(facts) == 5 and all(fact in text for fact in facts)  # the text's own facts

@@ -499,7 +499,7 @@ class Facts:
             f'<span style="white-space:nowrap">{html.escape(fact, quote=False)}</span>'
             for fact in self.facts
         )
-        return _FACTS.format(" · ".join(spans))
+        return _FACTS.format("&nbsp;· ".join(spans))  # a line may end in ·, not begin
 
 
 def table(
