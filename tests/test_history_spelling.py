@@ -81,7 +81,7 @@ def test_python_sessions_see_session_calls() -> None:
     tm.unfreeze("body", lr=(1e-4, 1e-3))
     tm.replace_head("fc", 3)
     assert [spelled(e.command) for e in tm.history()] == [
-        'tm.freeze("body", bn=train)',
+        'tm.freeze("body", bn="train")',
         'tm.unfreeze("body", lr=(0.0001, 0.001))',
         'tm.replace_head("fc", 3)',
     ]

@@ -78,6 +78,8 @@ def test_the_first_magic_loads_the_render_layer_and_surgery_needs_no_torchvision
         assert len(captured.outputs) == 3
         assert all(p.requires_grad for p in ip.user_ns["model"].parameters())
         import rich  # noqa: F401  (already imported by the render layer)
+        import torchmagic
+        assert callable(torchmagic.render.fits)  # the lazy layer is the package's attribute
         """
     )
     assert "rich" in seen["loaded"] and "torchvision" not in seen["loaded"]

@@ -21,4 +21,7 @@ def lazy_module(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:  # as an import does: ``torchmagic.render`` reads it
+        setattr(sys.modules[parent], child, module)
     return module

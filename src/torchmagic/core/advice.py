@@ -14,8 +14,9 @@ class Call:
 
     method: str  # freeze, unfreeze, replace_head, amp_on, move, undo, lr_find
     args: tuple[str | int, ...] = ()
-    # (name, value): text as written ("lr", "…") in every spelling, or a value each
-    # spelling writes its own way (("exclude", ("fc",)) → exclude=("fc",) / --except fc)
+    # (name, value): a value each spelling writes its own way (("bn", "frozen") →
+    # bn="frozen" / --bn frozen; ("exclude", ("fc",)) → exclude=("fc",) / --except fc);
+    # PLACEHOLDER stands for a value the user picks (lr=…)
     options: tuple[tuple[str, object], ...] = ()
     more: bool = False  # the targets were cut short: "…" follows them
     mention: bool = False  # named in prose ("tm.move moves it"), not called
@@ -29,10 +30,13 @@ class Call:
         return f"tm.{self.method}({', '.join(words)})"
 
 
+PLACEHOLDER = "…"
+
+
 def _python(value: object) -> str:
     """A value as a Python call writes it; floats short (``0.025``, not ``0.0250000001``)."""
     if isinstance(value, str):
-        return value
+        return value if value == PLACEHOLDER else f'"{value}"'
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, tuple):

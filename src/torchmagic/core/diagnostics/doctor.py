@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ..advice import Advice, Advised, Call
+from ..advice import PLACEHOLDER, Advice, Advised, Call
 from ..devices.placement import find_misplaced, reference_device
 from ..errors import TorchMagicError
 from ..modules import parameter_names, unwrap
@@ -98,7 +98,7 @@ def _unoptimized(
         "parameters of a model no variable names"
         if mixed
         else (
-            _blocks("unfreeze", name, missing, lr="…"),
+            _blocks("unfreeze", name, missing, lr=PLACEHOLDER),
             f" (adds them to {opts[0][0]} as a param group)",
         )
     )
