@@ -85,6 +85,8 @@ BAD = [
     ("%tm use", "usage: %tm use NAME"),
     ("%tm bogus", "unknown subcommand 'bogus'; usage: %tm history | undo"),
     ("%tm undo now", "usage: %tm undo"),
+    ("%tm history --sync", "--sync goes with %tm save; usage: %tm history"),
+    ("%gpumem watch on --tracebacks", "--tracebacks goes with %gpumem reset"),
     ("%tm undo", "nothing to undo"),
     ("%freeze model.layer1 --opt nope", "--opt nope: no variable"),
 ]

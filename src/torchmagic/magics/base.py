@@ -114,6 +114,27 @@ def subcommands(
     return mark
 
 
+def _stray_option(
+    magic: MagicFunction,
+    name: str,
+    table: Subcommands,
+    entry: Subcommand,
+    args: argparse.Namespace,
+) -> str:
+    """An option given that belongs to another subcommand (``%tm history --sync``), in
+    words; "" when there is none. Options no subcommand claims go with every one."""
+    entries = [*table.entries, *([table.other] if table.other else [])]
+    owners = {o: [e.name for e in entries if o in e.options] for e in entries for o in e.options}
+    for action in magic.parser._actions:  # type: ignore[attr-defined]
+        if not action.option_strings or getattr(args, action.dest, None) == action.default:
+            continue
+        option = max(action.option_strings, key=len)
+        if option in owners and option not in entry.options:
+            places = " / ".join(f"%{name} {owner}".rstrip() for owner in owners[option])
+            return f"{option} goes with {places}"
+    return ""
+
+
 def flags(magic: MagicFunction) -> dict[str, str]:
     """Python parameter → what the user types for it: ``exclude`` → ``--except``,
     ``lr`` → ``lr=``. Read from the magic's parser (by ``dest``) and key options."""
@@ -336,6 +357,9 @@ class TopicMagics(Magics):
         fewest, most = entry.arity
         if not fewest <= len(rest) <= most:
             raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
+        stray = _stray_option(magic, name, table, entry, args)
+        if stray:
+            raise UsageError(f"{stray}; usage: {subcommand_usage(name, entry.name)}")
         from ..render.spelling import calls_spelled  # with the render layer, on first use
 
         with self.refusals(magic), calls_spelled(magic_line):
