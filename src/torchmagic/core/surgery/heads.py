@@ -41,6 +41,7 @@ from torch import nn
 from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..tensors import leaves
 
 HEAD_PATHS = ("fc", "classifier", "heads.head", "head", "heads", "last_linear")
 HEAD_NAMES = frozenset({"fc", "classifier", "head", "heads", "head_dist", "last_linear"})
@@ -187,19 +188,6 @@ def _meta_inputs(model: nn.Module) -> Iterator[torch.Tensor]:
                 )
 
 
-def _tensors(value: object) -> Iterator[torch.Tensor]:
-    """Tensors in a forward's result: a tensor, or nested tuples, lists and dicts of them
-    (Hugging Face's ModelOutput is a dict)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
 class _MetaTrace:
     """One forward on the meta device: when each module starts and finishes, and which
     modules' outputs the model returns as they are.
@@ -252,7 +240,7 @@ class _MetaTrace:
                         result = torch.func.functional_call(self.model, stand_ins, (x,))
                 except Exception:
                     continue
-                returned = {id(t) for t in _tensors(result)}
+                returned = {id(t) for t in leaves(result)}
                 self.returned = {n for n, t in made.items() if n and id(t) in returned}
                 return True
             return False

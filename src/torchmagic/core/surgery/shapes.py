@@ -10,7 +10,7 @@ or a data-dependent shape) is refused in one line naming the module where it sto
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..meta import compute_dtype, meta_replica, refuse_lazy
+from ..tensors import leaves
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,6 @@ class Shapes:
     input_shape: tuple[int, ...]
     outputs: dict[str, ModuleOutput]  # by qualified name; "" is the model
     activation_bytes: int  # output bytes of every leaf module's calls
-
-
-def _tensors(value: object) -> Iterator[torch.Tensor]:
-    """The tensors of an output, in order (tuples, lists, dicts, Hugging Face outputs)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 def _input_dtype(model: nn.Module) -> torch.dtype:
@@ -78,7 +67,7 @@ def output_shapes(model: nn.Module, input_shape: Sequence[int]) -> Shapes:
         module._forward_hooks_with_kwargs.clear()
         module._forward_hooks_always_called.clear()
     names = {id(m): n for n, m in replica.named_modules()}
-    leaves = {id(m) for m in replica.modules() if not m._modules}
+    leaf_modules = {id(m) for m in replica.modules() if not m._modules}
     found: dict[str, list[torch.Tensor]] = {}
     found_bytes: dict[str, int] = {}
     calls: dict[str, int] = {}
@@ -91,12 +80,12 @@ def output_shapes(model: nn.Module, input_shape: Sequence[int]) -> Shapes:
     def finished(module: nn.Module, args: object, output: object) -> None:
         nonlocal activation
         name = running.pop() if running else names[id(module)]
-        tensors = list(_tensors(output))
+        tensors = list(leaves(output))
         calls[name] = calls.get(name, 0) + 1
         found.setdefault(name, tensors)
         size = sum(t.numel() * t.element_size() for t in tensors)
         found_bytes[name] = found_bytes.get(name, 0) + size
-        if id(module) in leaves:
+        if id(module) in leaf_modules:
             activation += size
 
     hooks = []
