@@ -9,9 +9,6 @@ importing torch and torchvision.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +18,7 @@ import torch
 from torch import nn
 
 import torchmagic
+from gloo_ranks import run_ranks
 from torchmagic.core import distributed
 from torchmagic.core.modules import unwrap
 
@@ -198,41 +196,11 @@ def _worker(rank: int, outdir: Path) -> None:
 # -- the tests -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Run the scenario on 2 gloo ranks once; each rank's record."""
     outdir = tmp_path_factory.mktemp("ranks")
-    src = str(Path(torchmagic.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(outdir)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(WORLD)
-    ]
-    try:
-        outputs = [p.communicate(timeout=TIMEOUT_S)[0].decode() for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    run_ranks(__file__, WORLD, TIMEOUT_S, str(outdir))
     return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

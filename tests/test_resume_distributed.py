@@ -7,9 +7,6 @@ Both ranks run this file as a script (``python test_resume_distributed.py RANK C
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +16,7 @@ import torch
 from torch import nn
 
 import torchmagic
+from gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -67,12 +65,6 @@ def _worker(rank: int, checkpoint: Path, out: Path) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> tuple[list[dict], dict]:
     folder = tmp_path_factory.mktemp("resume-ddp")
@@ -85,31 +77,7 @@ def ranks(tmp_path_factory) -> tuple[list[dict], dict]:
     steps(model, opt, sched, torch.Generator().manual_seed(9), 1)
     tm.save(folder / "run.pt")
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    src = str(Path(torchmagic.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(folder / "run.pt"), str(folder)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(WORLD)
-    ]
-    try:
-        outputs = [p.communicate(timeout=TIMEOUT_S)[0].decode() for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    run_ranks(__file__, WORLD, TIMEOUT_S, str(folder / "run.pt"), str(folder))
     records = [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     return records, saved
 
