@@ -7,18 +7,12 @@ the completer under test is the one registered by ``%load_ext`` in that kernel.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 
-import torchmagic
+from real_kernel import real_kernel
 
 TIMEOUT_S = 120
 SETUP = """
@@ -68,31 +62,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlockingKernelClient]:
     """A kernel of this interpreter with the model above defined and the extension loaded."""
-    specs = tmp_path_factory.mktemp("kernels")
-    (specs / "python3").mkdir()
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (specs / "python3" / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "torchmagic", "language": "python"})
-    )
-    src = str(Path(torchmagic.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
-    }
-    manager = KernelManager(
-        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)])
-    )
-    manager.start_kernel(env=env)
-    client = manager.blocking_client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=TIMEOUT_S)
-        reply = client.execute_interactive(SETUP, timeout=TIMEOUT_S)
-        assert reply["content"]["status"] == "ok", reply["content"]
+    with real_kernel(tmp_path_factory.mktemp("kernels"), SETUP, TIMEOUT_S) as client:
         yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def _complete(client: BlockingKernelClient, code: str) -> dict:

@@ -4,17 +4,11 @@ when the magic is the cell's last line."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 
-import torchmagic
+from real_kernel import real_kernel
 
 TIMEOUT_S = 120
 SETUP = """
@@ -33,30 +27,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A kernel of this interpreter, this tree's torchmagic first on its path."""
-    specs = tmp_path_factory.mktemp("kernels")
-    (specs / "python3").mkdir()
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (specs / "python3" / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "torchmagic", "language": "python"})
-    )
-    src = str(Path(torchmagic.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
-    }
-    manager = KernelManager(
-        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)])
-    )
-    manager.start_kernel(env=env)
-    client = manager.blocking_client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=TIMEOUT_S)
-        assert client.execute_interactive(SETUP, timeout=TIMEOUT_S)["content"]["status"] == "ok"
+    with real_kernel(tmp_path_factory.mktemp("kernels"), SETUP, TIMEOUT_S) as client:
         yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def _messages(client, code: str) -> list[dict]:
