@@ -5,22 +5,11 @@ as a front end runs them)."""
 import pytest
 from IPython.utils.capture import capture_output
 
+from test_training_magics import SETUP as TRAINING_SETUP
 from torchmagic.magics.shown import ShownResult
 
-SETUP = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-torch.manual_seed(0)
-centers = torch.randn(3, 8) * 4
-y = torch.randint(0, 3, (120,))
-x = centers[y] + torch.randn(120, 8)
-train = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True)
-val = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=20)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10)
-"""
+# the training magics' three blobs, with a cosine schedule bound
+SETUP = TRAINING_SETUP + "cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10)\n"
 
 
 def cell(ip, source):
