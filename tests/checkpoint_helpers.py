@@ -8,6 +8,8 @@ import torch
 import torchvision
 from torch import nn
 
+from snapshots import equal
+
 
 def structure(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     """Flags, group members (by name) and every group's hyper-parameters."""
@@ -36,28 +38,12 @@ def state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     }
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 def assert_same(a: dict, b: dict, what: str = "") -> None:
     for key in a.keys() | b.keys():
         assert key in a and key in b, f"{what}{key} missing on one side"
-        if isinstance(a[key], dict) and isinstance(b[key], dict) and not _same(a[key], b[key]):
+        if isinstance(a[key], dict) and isinstance(b[key], dict) and not equal(a[key], b[key]):
             assert_same(a[key], b[key], f"{what}{key}.")
-        assert _same(a[key], b[key]), f"{what}{key} differs"
+        assert equal(a[key], b[key]), f"{what}{key} differs"
 
 
 def batches(n: int, shape: tuple[int, ...], classes: int, seed: int = 1) -> list:

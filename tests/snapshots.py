@@ -35,7 +35,8 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -
     return snap
 
 
-def _equal(a, b) -> bool:
+def equal(a, b) -> bool:
+    """Exactly equal: tensors by dtype, device and value; containers item by item."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -45,13 +46,13 @@ def _equal(a, b) -> bool:
             and torch.equal(a, b)
         )
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
 def assert_same(before: dict, after: dict) -> None:
     assert before.keys() == after.keys()
     for key in before:
-        assert _equal(before[key], after[key]), f"{key} differs"
+        assert equal(before[key], after[key]), f"{key} differs"

@@ -33,7 +33,7 @@ from torch import nn
 from torch.autograd import grad_mode
 
 import torchmagic.core
-from snapshots import assert_same
+from snapshots import equal
 from torchmagic import Change, Session, render
 from torchmagic.core.surgery import optimizer_sync
 from torchmagic.core.surgery.transaction import Transaction, Uninterrupted, uninterrupted
@@ -232,15 +232,7 @@ def state(w: World, labels: Labels) -> dict:
 
 
 def _differing(a: dict, b: dict) -> list[str]:
-    return [key for key in a if not _same({key: a[key]}, {key: b[key]})]
-
-
-def _same(a: dict, b: dict) -> bool:
-    try:
-        assert_same(a, b)
-    except AssertionError:
-        return False
-    return True
+    return [key for key in a if not equal({key: a[key]}, {key: b[key]})]
 
 
 @dataclass
@@ -285,16 +277,16 @@ def _inject(case: Case, every: int) -> tuple[int, int, int]:
     assert not clean.interrupted
     assert clean.events, "nothing traced"
     assert len(clean.after["history"]) != len(clean.before["history"])
-    assert not _same(clean.before, clean.after)
+    assert not equal(clean.before, clean.after)
     counts = {"before": 0, "after": 0}
     for k in _points(clean.events, every):
         hit = run(case, at=k)
         where = clean.events[k]
         assert hit.interrupted, f"interrupt at {where} was swallowed"
-        assert _same(hit.before, clean.before), "runs differ before the command"
-        if _same(hit.after, hit.before):
+        assert equal(hit.before, clean.before), "runs differ before the command"
+        if equal(hit.after, hit.before):
             counts["before"] += 1
-        elif _same(hit.after, clean.after):
+        elif equal(hit.after, clean.after):
             counts["after"] += 1
         else:
             pytest.fail(
