@@ -14,7 +14,8 @@ from torch import nn
 from cuda_fakes import no_cuda
 from torchmagic import Session, render
 from torchmagic.core.advice import Call
-from torchmagic.core.diagnostics.doctor import CompileWatch, diagnose, is_compiled
+from torchmagic.core.diagnostics.compiled import CompileWatch, is_compiled
+from torchmagic.core.diagnostics.doctor import diagnose
 from torchmagic.core.training.amp import AmpController
 from torchmagic.magics.spelling import magic_line
 from torchmagic.render.doctor import doctor as render_doctor

@@ -32,7 +32,8 @@ from torchmagic.core.devices.estimate import Estimate, StepPeak
 from torchmagic.core.devices.memory import CellMemory, MemoryReport, ResetReport
 from torchmagic.core.devices.pinbench import PinReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
-from torchmagic.core.diagnostics.doctor import DoctorReport, Finding
+from torchmagic.core.diagnostics.doctor import DoctorReport
+from torchmagic.core.diagnostics.findings import Finding
 from torchmagic.core.export import ExportReport
 from torchmagic.core.surgery.results import (
     Change,

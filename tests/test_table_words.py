@@ -41,7 +41,8 @@ from test_golden import CASES, PROGRESS, _progress
 from torchmagic import Session, render
 from torchmagic.core.devices.device import DeviceInfo, DeviceReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
-from torchmagic.core.diagnostics.doctor import DoctorReport, Finding
+from torchmagic.core.diagnostics.doctor import DoctorReport
+from torchmagic.core.diagnostics.findings import Finding
 from torchmagic.core.surgery.results import (
     Change,
     CommandHistory,

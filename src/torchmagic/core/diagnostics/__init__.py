@@ -1,1 +1,2 @@
-"""Diagnostics: the doctor's checks over a whole namespace, and compiled-model tracking."""
+"""Diagnostics: the doctor (its checks in ``checks/``, one module per group, registered
+by decorator), what it reads from the data, and compiled-model tracking."""
