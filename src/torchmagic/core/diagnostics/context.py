@@ -43,6 +43,9 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class DoctorContext:
+    """One scan's shared reading of the namespace and the session, so each check looks
+    nothing up twice."""
+
     ws: Workspace
     models: tuple[ModelEntry, ...]
     optimizers: list[NamedOptimizer]
