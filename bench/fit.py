@@ -78,7 +78,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import resnet18, resnet50
 
 from torchmagic import Session, notebook_session, render
-from torchmagic.core.training.fit import StopReason
+from torchmagic.core.training.fit_events import StopReason
 
 BATCH = 64
 ACCUMULATE, CLIP = 4, 1.0

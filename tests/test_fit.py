@@ -7,7 +7,7 @@ from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session, TorchMagicError
-from torchmagic.core.training.fit import StopReason
+from torchmagic.core.training.fit_events import StopReason
 
 
 def blobs(n=200, classes=4, seed=0):

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from test_fit import loaders, mlp
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.training import fit as fit_module
-from torchmagic.core.training.fit import StopReason
+from torchmagic.core.training.fit_events import StopReason
 
 
 @pytest.fixture

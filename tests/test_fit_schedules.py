@@ -8,7 +8,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from test_fit import mlp
 from torchmagic import Session
 from torchmagic.core.training.amp import AmpController
-from torchmagic.core.training.fit import FitPlan, FitStart, fit
+from torchmagic.core.training.fit import fit
+from torchmagic.core.training.fit_events import FitStart
+from torchmagic.core.training.fit_plan import FitPlan
 from torchmagic.core.training.schedule_steps import ScheduleChoice
 
 BATCHES = 6

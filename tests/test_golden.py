@@ -44,7 +44,7 @@ from torchmagic.core.surgery.results import (
     HistoryEntry,
 )
 from torchmagic.core.training.amp import KEPT_FP32, KEPT_FP32_REASON, AmpStatus
-from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
 from torchmagic.core.training.progressive import Unfrozen
 from torchmagic.core.training.recipe import FineTuneResult

@@ -112,7 +112,7 @@ def test_hidden_columns_go_in_priority_order_and_are_named() -> None:
 def test_an_epoch_table_keeps_epoch_and_loss_and_never_cuts_a_number() -> None:
     """Three named groups' lrs at 60 columns: lrs whole (``9.29e-6`` was drawn as
     ``9.29e`` / ``-6``), samples/s and time hidden first, then the later groups' lrs."""
-    from torchmagic.core.training.fit import EpochMetrics
+    from torchmagic.core.training.fit_events import EpochMetrics
 
     groups = ("bert.embeddings · no_decay", "bert.encoder.layer.1 · decay", "classifier")
     drawn = render.Rendered(

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from torchmagic import render
-from torchmagic.core.training.fit import EpochMetrics, FitHistory
+from torchmagic.core.training.fit_events import EpochMetrics, FitHistory
 from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
 from torchmagic.render import lr_find as lr_find_view
 

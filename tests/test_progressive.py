@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.advice import spelled
-from torchmagic.core.training.fit import StopReason
+from torchmagic.core.training.fit_events import StopReason
 from torchmagic.core.training.progressive import Pacer, Pacing
 from torchmagic.magics.spelling import magic_line
 from torchmagic.render import TerminalProgress, render

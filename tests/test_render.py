@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from torchmagic import Session, render
-from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 
 
 def test_change_has_text_and_html(trained):
@@ -52,7 +52,7 @@ def test_bundle_computes_only_the_types_asked_for(monkeypatch):
 
 
 def test_history_chart_is_drawn_only_for_html(monkeypatch):
-    from torchmagic.core.training.fit import EpochMetrics, FitHistory
+    from torchmagic.core.training.fit_events import EpochMetrics, FitHistory
 
     run = FitHistory(
         "fit 1", "model", (EpochMetrics(1, 1.0, None, None, 8, 1.0, (0.1,)),), 1, 8, 1.0
@@ -235,7 +235,7 @@ def test_chart_keeps_the_users_matplotlib_backend():
         import matplotlib
         matplotlib.use("pdf")
         from torchmagic import render
-        from torchmagic.core.training.fit import EpochMetrics, FitHistory
+        from torchmagic.core.training.fit_events import EpochMetrics, FitHistory
         run = FitHistory("fit 1", "m", (EpochMetrics(1, 1.0, 0.9, 0.5, 8, 1.0, (0.1,)),), 1, 8, 1.0)
         html = render.render(run)._repr_mimebundle_()["text/html"]
         assert "<svg" in html, html[-300:]
@@ -373,7 +373,7 @@ def _block(view: render.Rendered, table_rows: int) -> list[str]:
 def test_the_live_block_keeps_its_height_and_shows_the_whole_run():
     """A run bar (epochs done / total, elapsed<remaining for the run), the epoch's bar
     and the numbers: three lines from the start, while validating and between epochs."""
-    from torchmagic.core.training.fit import FitStart
+    from torchmagic.core.training.fit_events import FitStart
 
     handle, clock = _Handle(), _Clock()
     progress = render.NotebookProgress(handle.show, 100, clock=clock)
@@ -405,7 +405,7 @@ def test_the_live_block_keeps_its_height_and_shows_the_whole_run():
 
 def test_a_new_run_starts_a_new_count():
     """%fine_tune sends two runs to one observer: each counts its own epochs."""
-    from torchmagic.core.training.fit import FitStart
+    from torchmagic.core.training.fit_events import FitStart
 
     handle, clock = _Handle(), _Clock()
     progress = render.NotebookProgress(handle.show, 100, clock=clock)
@@ -433,7 +433,7 @@ def test_a_narrow_live_view_shortens_its_bars_not_its_words():
 
 
 def test_lr_find_progress_names_the_bound_schedulers():
-    from torchmagic.core.training.fit import FitStart
+    from torchmagic.core.training.fit_events import FitStart
 
     handle = _Handle()
     progress = render.NotebookProgress(handle.show, 120, clock=_Clock())

@@ -22,7 +22,7 @@ from torch import nn
 from snapshots import assert_same, snapshot
 from torchmagic import Session, TorchMagicError, render
 from torchmagic.core import zoo
-from torchmagic.core.training.fit import StopReason
+from torchmagic.core.training.fit_events import StopReason
 from torchmagic.magics.extension import loaded
 
 SETUP = """

@@ -51,7 +51,7 @@ from torchmagic.core.surgery.results import (
     GroupInfo,
     HistoryEntry,
 )
-from torchmagic.core.training.fit import EpochMetrics, FitHistory, StepInfo
+from torchmagic.core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 from torchmagic.manifest import load_manifest
 from torchmagic.render import FitRuns, ManifestHelp, NotebookProgress
 

@@ -175,7 +175,7 @@ def test_terminal_progress_draws_a_bar_and_epoch_lines():
     from rich.console import Console
 
     from torchmagic import render
-    from torchmagic.core.training.fit import EpochMetrics, StepInfo
+    from torchmagic.core.training.fit_events import EpochMetrics, StepInfo
 
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=True, highlight=False)

@@ -29,7 +29,7 @@ from .errors import TorchMagicError
 from .surgery.grammar import parse_target
 from .surgery.selection import resolve
 from .training.data import split_batch
-from .training.fit import LOSSES, resolve_loss
+from .training.fit_plan import LOSSES, resolve_loss
 from .workspace import Workspace
 from .zoo import SOURCES
 

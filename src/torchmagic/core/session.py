@@ -70,15 +70,9 @@ from .surgery.selection import resolve, select
 from .surgery.summary import summarize
 from .surgery.transaction import Transaction, uninterrupted
 from .training.amp import Accumulation, AmpController, AmpStatus, cell_autocast
-from .training.fit import (
-    FitHistory,
-    FitObserver,
-    FitPlan,
-    StopReason,
-    check_plan,
-    resolve_loss,
-)
 from .training.fit import fit as run_fit
+from .training.fit_events import FitHistory, FitObserver, StopReason
+from .training.fit_plan import FitPlan, check_plan, resolve_loss
 from .training.lr_find import LrFindResult, check_range, find_lr
 from .training.progressive import Monitor, Pacing, check_pacing
 from .training.recipe import (

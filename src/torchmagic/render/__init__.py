@@ -24,7 +24,7 @@ from ..core.diagnostics.doctor import DoctorReport
 from ..core.export import ExportReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
-from ..core.training.fit import FitHistory
+from ..core.training.fit_events import FitHistory
 from ..core.training.lr_find import LrFindResult
 from ..core.training.recipe import HEAD_PHASE, UNFROZEN_PHASE, FineTuneResult, OneCyclePhase
 from ..core.zoo import LoadedModel

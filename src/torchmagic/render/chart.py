@@ -16,7 +16,7 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..core.training.fit import FitHistory
+from ..core.training.fit_events import FitHistory
 from .theme import ROLES
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.live import Live
 from rich.text import Text
 
-from ..core.training.fit import EpochMetrics, FitStart, StepInfo
+from ..core.training.fit_events import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Fitted, Rendered, human

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.training.amp import AmpStatus
-from ..core.training.fit import EpochMetrics, FitHistory, StepInfo
+from ..core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import chart, theme
 from .base import Rendered, human, lr, table

@@ -39,16 +39,11 @@ from torch import nn
 from ..errors import TorchMagicError
 from ..rng import preserved_rng
 from ..tensors import optimizer_params, unique
-from .fit import (
-    FitPlan,
-    FitStart,
-    StepInfo,
-    _ctrl_c_requests_stop,
-    _mode,
-    check_plan,
-    discard_progress,
-    train_step,
-)
+from .batch_loss import train_step
+from .batch_sources import batch_source
+from .fit_events import FitStart, StepInfo, discard_progress
+from .fit_plan import FitPlan, check_plan
+from .run_guards import ctrl_c_requests_stop, module_mode
 
 SMOOTHING = 0.98  # weight of the past in the exponential moving average of the loss
 DIVERGENCE = 4.0  # stop when the smoothed loss passes this multiple of its minimum
@@ -173,7 +168,7 @@ def restored_afterwards(plan: FitPlan) -> Iterator[None]:
     saved = _TrainingState(plan.model, plan.optimizer, plan.amp)
     with preserved_rng(_generators(plan.train)):
         try:
-            with _mode(plan.model, training=True):
+            with module_mode(plan.model, training=True):
                 yield
         finally:
             saved.restore()
@@ -237,9 +232,9 @@ def find_lr(
         FitStart(plan.label, plan.model_name, 0, steps, precision, False, (), held=held)
     )
     observer_start = last_redraw = perf_counter()
-    source = plan.batch_source()
+    source = batch_source(plan)
     try:
-        with restored_afterwards(plan), _ctrl_c_requests_stop(lambda: interrupted.append(1)):
+        with restored_afterwards(plan), ctrl_c_requests_stop(lambda: interrupted.append(1)):
             average = 0.0
             step = 0
             while step < steps and stopped is None:

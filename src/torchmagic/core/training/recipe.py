@@ -34,7 +34,7 @@ from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
 
 from ..surgery.results import Change
-from .fit import FitHistory
+from .fit_events import FitHistory
 
 ONE_CYCLE = "one-cycle"
 SCHEDULES = (ONE_CYCLE,)
