@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from ..version import __version__
 from . import checkpoint, distributed
 from .advice import Advice, Call, Command, as_advice, spelled
 from .checkpoint import ResumeReport, SaveReport
@@ -735,7 +736,7 @@ class Session:
             self._history.applied(target.model),
             self.amp,
             python_call,
-            _version(),
+            __version__,
         )
         nbytes = checkpoint.write(payload, path, sync=sync)
         return checkpoint.summarize_save(payload, os.fspath(path), nbytes, synced=sync)
@@ -859,7 +860,7 @@ class Session:
             variables,
             f"tm = torchmagic.Session({', '.join(session_args)})",
             [(call, command) for _, call, command in steps],
-            _version(),
+            __version__,
             target.model_name,
         )
         write_text(text, path)
@@ -1517,12 +1518,6 @@ def _relative_text(target: Target) -> str:
     if target.glob is not None:
         return target.glob
     return ".".join(segment.text for segment in target.segments)
-
-
-def _version() -> str:
-    from .. import __version__  # the package root; imported late (it imports this module)
-
-    return __version__
 
 
 def resume(
