@@ -41,6 +41,7 @@ from ..version import __version__
 from . import checkpoint, distributed
 from .advice import Advice, Call, Command, as_advice, spelled
 from .checkpoint import ResumeReport, SaveReport
+from .choices import SCHEDULES
 from .devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from .devices.compare import CompareReport, compare
 from .devices.device import DeviceReport, MoveReport, list_devices, resolve_device
@@ -84,7 +85,6 @@ from .training.lr_find import LrFindResult, check_range, find_lr
 from .training.progressive import Monitor, Pacing, check_pacing
 from .training.recipe import (
     HEAD_PHASE,
-    SCHEDULES,
     UNFROZEN_PHASE,
     FineTuneResult,
     OneCyclePhase,

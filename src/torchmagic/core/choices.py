@@ -1,0 +1,13 @@
+"""The fixed choices Session parameters take, in one place a front end may read them from
+(the magics' ``choices=`` and completion lists): precision modes, fine-tune schedules and
+BatchNorm policies. The engine checks them where it uses them."""
+
+from __future__ import annotations
+
+from .surgery.batchnorm import POLICIES  # defined beside the policies themselves
+
+MODES = ("auto", "bf16", "fp16")  # Session.amp_on(mode=…), Session.autocast(mode=…)
+ONE_CYCLE = "one-cycle"
+SCHEDULES = (ONE_CYCLE,)  # Session.fine_tune(schedule=…)
+
+__all__ = ["MODES", "ONE_CYCLE", "POLICIES", "SCHEDULES"]
