@@ -1,0 +1,606 @@
+"""The Session class: the engine's one front door, a facade. Each public method checks
+what it was given and delegates to the module of its domain in this package; what decides
+things lives there (see the package's docstring for which module holds what)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Container, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+from ..advice import Command
+from ..checkpoint import ResumeReport, SaveReport
+from ..devices.batch_size import BatchSizeReport
+from ..devices.compare import CompareReport
+from ..devices.device import DeviceReport, MoveReport, list_devices, resolve_device
+from ..devices.estimate import Estimate
+from ..devices.memory import MemoryReport, ResetReport
+from ..devices.memory import reset_peaks as reset_peak_counters
+from ..devices.pinbench import PinReport
+from ..devices.placement import CheckReport
+from ..diagnostics.compiled import CompileWatch
+from ..diagnostics.doctor import DoctorReport
+from ..export import ExportReport
+from ..surgery import edits
+from ..surgery.grammar import LrSpec
+from ..surgery.history import ByteCap, Cleared, History
+from ..surgery.results import Change, HistoryEntry, Replay, SummaryReport
+from ..training.amp import Accumulation, AmpController, AmpStatus, cell_autocast
+from ..training.fit import FitHistory, FitObserver
+from ..training.lr_find import LrFindResult
+from ..training.progressive import Monitor
+from ..training.recipe import FineTuneResult
+from ..training.schedule_steps import SchedStep
+from ..workspace import Workspace
+from ..zoo import LoadedModel
+from . import checkpoint, devices, diagnostics, history, models, names, surgery, training
+from .config import SessionConfig
+
+
+class Session:
+    """Transfer learning on live objects, with undo: surgery, training, devices, memory,
+    mixed precision and diagnostics behind one object.
+
+    Give it a model and optimizer (scripts), or a namespace dict in which it finds them by
+    variable name (notebooks). Target strings use the target grammar: ``layer1-3``,
+    ``features.0-6``, ``"*.bn*"``, ``model.fc``. Methods that take ``model`` take a
+    variable name; without one they use the current model.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        schedulers: Sequence[object] = (),
+        namespace: MutableMapping | None = None,
+        hidden: Container[str] = (),
+        config: SessionConfig | None = None,
+    ) -> None:
+        self.workspace = Workspace(
+            names.namespace_of(model, optimizer, schedulers, namespace), hidden
+        )
+        self.config = config or SessionConfig()
+        self._history = History()  # every command, for undo, checkpoints and export
+        self.device: torch.device | None = None  # set_device(); None: where the model is
+        self.amp = AmpController()
+        self.fits: list[FitHistory] = []
+        self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
+        self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
+        self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
+        # step(accumulate=N): each optimizer's open window of micro-batches
+        self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._phase_schedulers: tuple[object, ...] = ()  # fine_tune's one-cycle, while it runs
+        # each fit as a call, for export: (model, newest command before, after it, call)
+        self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module], int, int, Replay]] = []
+
+    # -- resolving -------------------------------------------------------------------
+
+    def bound(
+        self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
+    ) -> edits.BoundModel:
+        """The named (or current) model with the optimizer and schedulers bound to it;
+        ``reading``: for a command that only shows, so a stale optimizer counts as none."""
+        return names.bound(self.workspace, model, optimizer, reading)
+
+    # -- surgery ---------------------------------------------------------------------
+
+    def freeze(
+        self,
+        *targets: str,
+        exclude: Sequence[str] = (),
+        bn: str | None = None,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: Command | None = None,
+    ) -> Change:
+        """Stop training ``targets``: requires_grad off, out of the optimizer (state set
+        aside for undo), BatchNorm per policy. No targets means the whole model."""
+        return surgery.freeze(self, targets, exclude, bn, optimizer, dry_run, command)
+
+    def unfreeze(
+        self,
+        *targets: str,
+        lr: LrSpec = None,
+        wd: float | None = None,
+        exclude: Sequence[str] = (),
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: Command | None = None,
+    ) -> Change:
+        """Train ``targets`` again, each block in its own named param group.
+
+        ``lr`` is a float, or ``(first, last)`` for a geometric spread over the blocks in
+        module order; without it, ``unfreeze_lr_ratio`` × the head group's lr. ``wd``
+        overrides weight decay for the new groups.
+        """
+        return surgery.unfreeze(self, targets, lr, wd, exclude, optimizer, dry_run, command)
+
+    def replace_head(
+        self,
+        where: str | None,
+        num_classes: int | None = None,
+        *,
+        dropout: float | None = None,
+        labels: Sequence[str] | None = None,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: Command | None = None,
+    ) -> Change:
+        """Swap the head for a fresh layer with ``num_classes`` outputs.
+
+        ``where`` is ``"auto"``/None (search the current model), a path to the head
+        (``"fc"``, ``"model.classifier.6"``), or a model/sub-tree to search. ``labels``
+        names the classes in a Hugging Face config; the class count is required unless
+        ``labels`` gives it.
+        """
+        return surgery.replace_head(
+            self, where, num_classes, dropout, labels, optimizer, dry_run, command
+        )
+
+    def lora(
+        self,
+        *targets: str,
+        r: int = 8,
+        alpha: float = 16,
+        dropout: float = 0.0,
+        lr: float | None = None,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: Command | None = None,
+    ) -> Change:
+        """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``) on the
+        Linear / Conv2d / Embedding layers ``targets`` name or contain, in place: their base weights
+        stop training and leave the optimizer, the adapters train in a new ``lora`` group
+        at base lr ``lr`` (default: the head group's base lr). See ``core.surgery.lora``."""
+        return surgery.add_lora(self, targets, r, alpha, dropout, lr, optimizer, dry_run, command)
+
+    def merge_lora(
+        self,
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+        dry_run: bool = False,
+        command: Command | None = None,
+    ) -> Change:
+        """Fold the (current) model's LoRA adapters into its weights: the layers get their
+        old names and types back, trainable as before :meth:`lora`; the adapters leave the
+        optimizer (their group stays, emptied)."""
+        return surgery.merge_lora(self, model, optimizer, dry_run, command)
+
+    def lora_off(self, model: str | None = None, *, command: Command | None = None) -> Change:
+        """The (current) model without its LoRA adapters' contribution (kept, not merged)."""
+        return surgery.switch_lora(self, model, False, command)
+
+    def lora_on(self, model: str | None = None, *, command: Command | None = None) -> Change:
+        """The LoRA adapters switched off by :meth:`lora_off` contribute again."""
+        return surgery.switch_lora(self, model, True, command)
+
+    def summary(
+        self,
+        where: str | None = None,
+        depth: int | None = None,
+        input_shape: Sequence[int] | None = None,
+    ) -> SummaryReport:
+        """A bounded table of the model (or a sub-tree) with trainable state and groups;
+        with ``input_shape`` (batch first, ``(1, 3, 224, 224)``) each module's output shape
+        and bytes too, from one forward on the meta device (no memory, no arithmetic)."""
+        return surgery.summary(self, where, depth, input_shape)
+
+    # -- history ---------------------------------------------------------------------
+
+    def history_cap(self) -> ByteCap:
+        """The bytes the undo history may keep alive, and why that many."""
+        return history.cap(self)
+
+    def prune_history(self) -> None:
+        """Release the undo logs of commands whose model was rebound or whose optimizer
+        was re-created: they cannot be undone, and would keep the old objects (and state
+        set aside) alive. The notebook calls this after every cell."""
+        history.prune(self)
+
+    def history(self) -> tuple[HistoryEntry, ...]:
+        """Every command so far, oldest first; stale entries can no longer be undone."""
+        self.prune_history()
+        return self._history.entries()
+
+    def history_bytes(self, device_type: str | None = None) -> int:
+        """Bytes of tensors the undo history keeps alive (on ``device_type``, or all)."""
+        self.prune_history()
+        return self._history.nbytes(device_type)
+
+    def clear_history(self) -> Cleared:
+        """Forget every command: nothing can be undone afterwards, and what the undo
+        logs kept alive (optimizer state set aside, replaced layers) is released."""
+        return self._history.clear()
+
+    def undone(self) -> tuple[Command, ...]:
+        """The commands :meth:`undo` reverted, oldest first."""
+        return tuple(self._history.undone)
+
+    def undo(self) -> Change:
+        """Revert the newest command still applying to a bound model; atomic like the
+        commands (under Ctrl-C too): reverted and out of the history, or neither."""
+        return history.undo(self)
+
+    # -- models and diagnostics --------------------------------------------------------
+
+    def load_model(
+        self,
+        name: str,
+        weights: str | None = "DEFAULT",
+        *,
+        num_classes: int | None = None,
+        bind: str = "model",
+        head_command: str | None = None,
+    ) -> tuple[LoadedModel, Change | None]:
+        """Build ``name`` (``resnet18``, ``timm:convnext_atto``, ``hf:vit``) with the modern
+        ``weights=`` API and bind ``bind`` (the model), ``weights``, ``preprocess`` and
+        ``categories`` in the namespace, so transforms and labels match the weights; with
+        ``num_classes`` the head is replaced next, as an undoable history entry. Nothing is
+        bound when the build fails (offline without cached weights: one error line).
+        ``head_command``: how history shows the head replacement (a magic passes its own
+        spelling)."""
+        return models.load_model(self, name, weights, num_classes, bind, head_command)
+
+    def use(self, name: str) -> str:
+        """Make ``name`` the current model for commands that do not name one."""
+        self.workspace.resolve_model(name)
+        self.workspace.current = name
+        return name
+
+    def observe_compiled(self) -> None:
+        """Remember compiled models as they are now, so :meth:`doctor` can tell later
+        edits (the notebook calls this after every cell)."""
+        self.compile_watch.observe(self.workspace.namespace, self.workspace.hidden)
+
+    def doctor(self) -> DoctorReport:
+        """The classic transfer-learning mistakes in the namespace; changes nothing."""
+        return diagnostics.doctor(self)
+
+    # -- leaving the kernel ----------------------------------------------------------
+
+    def save(
+        self, path: str | os.PathLike, model: str | None = None, *, sync: bool = False
+    ) -> SaveReport:
+        """Write what a fresh process needs to continue training the (current) model bit
+        for bit: weights, optimizer state and param groups by parameter name, scheduler,
+        GradScaler and RNG states, the AMP policy and the commands that made the structure
+        (see ``core.checkpoint``). Atomic: ``path`` is never left half written. ``sync``:
+        also on the disk before returning (survives a power loss, not only Ctrl-C)."""
+        return checkpoint.save(self, path, model, sync)
+
+    def load(
+        self,
+        path: str | os.PathLike,
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> ResumeReport:
+        """Continue from a :meth:`save` file on the (current) model, built the way the
+        notebook first built it (with its optimizer and schedulers): the saved commands
+        are replayed through this session's own edits (they join its history; they cannot
+        be undone), then every state is loaded by name. Anything that does not match (the
+        architecture, a head, the optimizer's class, the schedulers, the file itself) is
+        refused before anything changes. ``scaler``: your own GradScaler to load into."""
+        return checkpoint.load(self, path, model, optimizer, scaler)
+
+    def export(self, path: str | os.PathLike, model: str | None = None) -> ExportReport:
+        """Write the (current) model's commands as a Python script of Session calls, fits
+        included, with a header naming the variables it expects (see ``core.export``)."""
+        return checkpoint.export(self, path, model)
+
+    # -- devices and memory ----------------------------------------------------------
+
+    def devices(self) -> DeviceReport:
+        """Every device this process can use, with the session's marked."""
+        return list_devices(self.device)
+
+    def set_device(self, spec: str | torch.device) -> DeviceReport:
+        """Make ``spec`` (``"cuda:1"``, ``"cpu"``, ``"mps"``, ``"auto"``) the session's
+        device, where :meth:`move` sends models and :meth:`fit` expects them; returns
+        the device list with it marked."""
+        self.device = resolve_device(spec)
+        return self.devices()
+
+    def model_device(self, model: nn.Module) -> torch.device:
+        """Where ``model``'s parameters live (the CPU for a model without any)."""
+        return devices.model_device(model)
+
+    def device_type(self, model: str | None = None) -> str:
+        """The session's device type, else that of the (current) model's parameters,
+        else (no model yet) that of the best device available."""
+        return devices.device_type(self, model)
+
+    def move(self, model: str | None = None) -> MoveReport:
+        """Move the (current) model with its optimizer state and the GradScaler to the
+        session's device (chosen automatically when none is set), keeping every
+        Parameter object; that device becomes the session's."""
+        return devices.move(self, model)
+
+    def check(self, model: str | None = None) -> CheckReport:
+        """Tensors of the (current) model, its optimizer and the GradScaler that are not
+        where the model's parameters are, each with its fix; changes nothing."""
+        return devices.check(self, model)
+
+    def pinbench(self, loader: object) -> PinReport:
+        """Time pageable against pinned host→device copies of one batch of ``loader``
+        (a variable name, a DataLoader, any iterable of batches, or a batch)."""
+        return devices.pinbench(self, loader)
+
+    def compare_devices(
+        self,
+        loader: object,
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        loss: str | Callable = "cross_entropy",
+        steps: int = 5,
+    ) -> CompareReport:
+        """Time a few real training steps of copies of the (current) model, with its
+        optimizer's class, groups and state, on one batch of ``loader`` on the CPU and on
+        every accelerator present, host→device copy included: is the GPU worth it for
+        this model and batch? The live model, optimizer and RNG are left as they were."""
+        return devices.compare_devices(self, loader, model, optimizer, loss, steps)
+
+    def batch_size(
+        self,
+        input_shape: Sequence[int],
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        budget: int | None = None,
+        max_batch: int | None = None,
+        effective_batch: int | None = None,
+    ) -> BatchSizeReport:
+        """The largest batch of ``input_shape`` samples (no batch dimension) whose training
+        step fits where the (current) model lives, under the session's AMP policy; on the
+        CPU within ``budget`` bytes (default: the RAM available). State is restored.
+        ``effective_batch``: the samples wanted per optimizer step; the report's
+        ``accumulation`` says which ``fit(accumulate=…)`` and batch size reach it."""
+        return devices.batch_size(
+            self, input_shape, model, optimizer, budget, max_batch, effective_batch
+        )
+
+    def memory(self, model: str | None = None) -> MemoryReport:
+        """Memory in use on the (current) model's device, broken down into parameters,
+        gradients, optimizer state and the rest; the device figures alone when no model
+        is named and none can be found."""
+        return devices.memory(self, model)
+
+    def reset_peaks(self, tracebacks: bool = False) -> ResetReport:
+        """Start the peak-memory counters again; ``tracebacks`` also forgets the last
+        traceback, whose frames can keep tensors alive."""
+        return reset_peak_counters(tracebacks, self.workspace.namespace)
+
+    def estimate(
+        self,
+        model: str | None = None,
+        *,
+        optimizer_class: str | type[torch.optim.Optimizer] | None = None,
+        input_shape: Sequence[int] | None = None,
+    ) -> Estimate:
+        """Bytes a training step of the (current) model will hold: weights, gradients,
+        optimizer state (its own optimizer's, or ``optimizer_class``'s such as
+        ``"AdamW"``) and, given ``input_shape``, saved activations."""
+        return devices.estimate(self, model, optimizer_class, input_shape)
+
+    # -- mixed precision -------------------------------------------------------------
+
+    def amp_status(self) -> AmpStatus:
+        """The precision policy: off, or autocast dtype and device type, with the scaler."""
+        return self.amp.status()
+
+    def amp_on(self, mode: str = "auto", model: str | None = None) -> AmpStatus:
+        """Autocast for training on the session's device (else the current model's):
+        ``mode`` is ``"auto"`` (bf16 where supported), ``"bf16"`` or ``"fp16"`` (with a
+        GradScaler)."""
+        return self.amp.turn_on(self.device_type(model), mode)
+
+    def amp_off(self) -> AmpStatus:
+        """Plain precision again; an fp16 GradScaler's state is kept for next time."""
+        return self.amp.turn_off()
+
+    def autocast(self, mode: str | None = None) -> AbstractContextManager:
+        """``with tm.autocast():`` around forward and loss in a hand-written loop (the
+        session's policy); with ``mode``, that precision for this block only, on the
+        session's device type, leaving the policy as it is."""
+        if mode is None:
+            return self.amp.autocast()
+        return cell_autocast(self.amp, mode, self.device_type())
+
+    def step(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        *,
+        accumulate: int = 1,
+        clip: float | None = None,
+        last: bool = False,
+    ) -> bool:
+        """backward, (unscale, clip) step, scaler update, zero_grad — correct under every
+        precision policy; returns whether the optimizer stepped.
+
+        ``accumulate=N``: the loss is backpropagated divided by N and the optimizer steps
+        on every N-th call for it, or on a call with ``last=True`` (the epoch's last
+        batch: the partial window steps). ``clip``: the largest total gradient norm of
+        the optimizer's parameters, applied after unscaling. Changing either while a
+        window is open is refused."""
+        return training.step(self, loss, optimizer, accumulate, clip, last)
+
+    # -- training --------------------------------------------------------------------
+
+    def fit(
+        self,
+        train: object,
+        *,
+        model: str | None = None,
+        val: object | None = None,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        loss: str | Callable = "cross_entropy",
+        cache_features: bool = False,
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        sched_step: SchedStep | None = None,
+        unfreeze: Sequence[str] | str = (),
+        every: int | None = None,
+        patience: int | None = None,
+        lr_ratio: float = 0.3,
+        monitor: Monitor = "loss",
+        early_stop: bool = False,
+        keep_best: bool = False,
+        accumulate: int = 1,
+        clip: float | None = None,
+    ) -> FitHistory:
+        """Train the (current) model on ``train`` with its optimizer, its schedulers and
+        the AMP policy; returns the history, which the session also keeps in ``fits``.
+        ``sched_step`` ("batch" or "epoch") steps every scheduler at that granularity
+        instead of each one's own (see ``core.training.schedule_steps``).
+
+        ``accumulate=N``: one optimizer step per N batches, each loss divided by N (steps,
+        ``max_steps`` and per-batch schedulers count optimizer steps; an epoch's last,
+        partial window steps). ``clip``: the largest total gradient norm of the
+        optimizer's parameters before each step, after unscaling (see
+        ``core.training.amp``).
+
+        Progressive unfreezing (see ``core.training.progressive``): ``unfreeze`` lists
+        blocks (target grammar, or one comma-separated string) unfrozen one at a time,
+        every ``every`` epochs or after ``patience`` epochs without improvement of the
+        validation ``monitor`` ("loss" or "acc"), the k-th at the base lr of the one
+        before × ``lr_ratio`` (the first: the head group's × ``lr_ratio``), each through
+        :meth:`unfreeze` (a history entry). ``early_stop`` ends the run when the last
+        block is unfrozen and the metric stalls for ``patience`` (else ``every``) more
+        epochs; ``keep_best`` loads the best epoch's weights back at the end (one host
+        copy of the ``state_dict``).
+        """
+        return training.fit(
+            self,
+            train,
+            model,
+            val,
+            epochs,
+            max_steps,
+            loss,
+            cache_features,
+            optimizer,
+            observer,
+            sched_step,
+            unfreeze,
+            every,
+            patience,
+            lr_ratio,
+            monitor,
+            early_stop,
+            keep_best,
+            accumulate,
+            clip,
+        )
+
+    def lr_find(
+        self,
+        train: object,
+        *,
+        model: str | None = None,
+        start: float = 1e-7,
+        end: float = 10.0,
+        steps: int = 100,
+        apply: bool = False,
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        loss: str | Callable = "cross_entropy",
+    ) -> LrFindResult:
+        """The lr range test on what is trainable now (see ``core.training.lr_find``):
+        every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
+        ratios kept; afterwards everything is as before, bit for bit. ``apply`` sets the
+        head group's base lr to the suggestion, the other groups' in proportion, as one
+        history entry (undoable). Each step is one batch, never accumulated: with
+        ``fit(accumulate=N)`` each loss is divided by N, so a step's gradient has the same
+        scale and the suggestion carries over."""
+        return training.lr_find(
+            self, train, model, start, end, steps, apply, optimizer, observer, loss
+        )
+
+    def set_base_lrs(
+        self,
+        lrs: Mapping[int, float],
+        *,
+        model: str | None = None,
+        optimizer: str | None = None,
+        command: Command | None = None,
+    ) -> Change:
+        """Set the base lr of param groups by index (``{0: 1e-3, 2: 1e-4}``), every
+        scheduler kept in step, as one undoable command (what ``lr_find(apply=True)``
+        does with its suggestion)."""
+        return surgery.set_base_lrs(self, lrs, model, optimizer, command)
+
+    def fine_tune(
+        self,
+        train: object,
+        *,
+        val: object,
+        epochs: int,
+        freeze_epochs: int = 1,
+        lr: float | None = None,
+        model: str | None = None,
+        loss: str | Callable = "cross_entropy",
+        optimizer: str | None = None,
+        observer: FitObserver | None = None,
+        sched_step: SchedStep | None = None,
+        accumulate: int = 1,
+        clip: float | None = None,
+        schedule: str | None = None,
+        bn: str | None = None,
+    ) -> FineTuneResult:
+        """fastai's ``fine_tune`` as four of the session's own commands, each in the
+        history: ``freeze(model, exclude=[head], bn=bn)``, ``fit(epochs=freeze_epochs)``,
+        ``unfreeze(*blocks, lr=(lr / 100, lr))``, ``fit(epochs=epochs)``. The blocks are
+        the model's top-level children holding parameters, head included (see
+        ``core.training.recipe``); ``lr`` defaults to the head group's base lr after the
+        first run. The observer sees both runs; ``accumulate`` and ``clip`` apply to both.
+
+        ``schedule="one-cycle"``: each run under a fresh OneCycleLR over the optimizer
+        (fastai's conventions: head phase pct_start 0.99 and div 25, unfrozen phase 0.3
+        and div 5, each group peaking at its base lr); refused while another scheduler is
+        bound to the optimizer. After each run every group's lr is its base lr again."""
+        return training.fine_tune(
+            self,
+            train,
+            val,
+            epochs,
+            freeze_epochs,
+            lr,
+            model,
+            loss,
+            optimizer,
+            observer,
+            sched_step,
+            accumulate,
+            clip,
+            schedule,
+            bn,
+        )
+
+
+def resume(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    schedulers: Sequence[object] = (),
+    scaler: torch.amp.GradScaler | None = None,
+) -> Session:
+    """A Session over ``model`` and ``optimizer`` (built the way the notebook first built
+    them, e.g. ``resnet18(num_classes=10)``, ``AdamW(model.parameters())``) and its
+    ``schedulers``, continued from the :meth:`Session.save` file at ``path``: the saved
+    commands replayed, every state loaded by name. Refused in one line, with nothing
+    changed, when anything does not match."""
+    session = Session(model, optimizer, schedulers=schedulers)
+    session.load(path, scaler=scaler)
+    return session
