@@ -18,7 +18,7 @@ from ..devices.batch_size import BatchSizeReport
 from ..devices.compare import CompareReport
 from ..devices.device import DeviceReport, MoveReport, list_devices, resolve_device
 from ..devices.estimate import Estimate
-from ..devices.memory import MemoryReport, ResetReport
+from ..devices.memory import CellWatcher, MemoryReport, ResetReport
 from ..devices.memory import reset_peaks as reset_peak_counters
 from ..devices.pinbench import PinReport
 from ..devices.placement import CheckReport
@@ -70,6 +70,7 @@ class Session:
         self.amp = AmpController()
         self.fits: list[FitHistory] = []
         self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
+        self.cell_watch = CellWatcher()  # memory around each cell, for the notebook's watch
         self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
         self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
         # step(accumulate=N): each optimizer's open window of micro-batches
