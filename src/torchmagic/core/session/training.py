@@ -148,8 +148,8 @@ def fit(
     before = _newest_command(session, target.model)
     history = run_fit(plan)
     session.fits.append(history)
-    session.workspace.current = target.model_name
     workspace = session.workspace
+    workspace.current = target.model_name
     record = Replay(
         "fit",
         (),
