@@ -97,3 +97,14 @@ def test_unload_unhooks_events(ip):
     callbacks = ip.events.callbacks
     assert not any(ours(cb) for cb in callbacks["post_run_cell"] + callbacks["pre_run_cell"])
     assert not any(type(c).__module__.startswith("torchmagic") for c in ip.configurables)
+
+
+def test_gpumem_watch_switched_off_then_on_reports_no_stale_cell(ip):
+    """The cell that switched the watch off began watched; switched on again, the next
+    line is about a cell that began watched, never that old start."""
+    ip.run_cell(SETUP).raise_error()
+    shown(ip, "%gpumem watch on")
+    shown(ip, "%gpumem watch off")
+    assert "peak" not in shown(ip, "%gpumem watch on")  # this cell began unwatched
+    assert "peak" in shown(ip, "x = torch.randn(256, 256)")
+    shown(ip, "%gpumem watch off")

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session
-from torchmagic.core import session as session_module
 from torchmagic.core.advice import Call, spelled
+from torchmagic.core.session import training as session_module
 from torchmagic.magics.extension import loaded
 from torchmagic.magics.spelling import magic_line
 

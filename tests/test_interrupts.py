@@ -267,7 +267,7 @@ def _points(events: list[tuple[str, int]], every: int) -> list[int]:
     state and of the session, and every ``every``-th event."""
     ends: dict[tuple[str, int], list[int]] = {}
     for k, event in enumerate(events):
-        if Path(event[0]).name in (*ALWAYS, "session.py"):
+        if Path(event[0]).name in ALWAYS or Path(event[0]).parent.name == "session":
             ends.setdefault(event, [k, k])[1] = k
     return sorted({k for pair in ends.values() for k in pair} | set(range(0, len(events), every)))
 

@@ -288,3 +288,13 @@ def test_activation_pass_with_a_wrong_shape_is_refused():
         saved_activation_bytes(small(), (2, 3))
     with pytest.raises(TorchMagicError, match="positive"):
         saved_activation_bytes(small(), (0, 16))
+
+
+def test_cell_watcher_stop_forgets_the_cell_being_watched(monkeypatch):
+    no_cuda(monkeypatch)
+    watcher = memory.CellWatcher()
+    watcher.pre()
+    watcher.stop()
+    assert watcher.post() is None
+    watcher.pre()  # watching again: the next cell is measured
+    assert watcher.post() is not None

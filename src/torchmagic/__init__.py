@@ -19,8 +19,7 @@ from .core import (
     resume,
     rewrap,
 )
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "Change",

@@ -25,7 +25,7 @@ from ..core import completion
 from ..manifest import load_manifest
 
 if TYPE_CHECKING:
-    from ..core.workspace import Workspace
+    from ..core import Session
     from .extension import TorchMagics
 
 # `%freeze la`, `%%amp b`, `fit x` (automagic): the escape, the magic, what follows it.
@@ -124,10 +124,11 @@ class MagicCompleter:
         self.entries = {(m["name"], m["kind"]): m for m in load_manifest()["magics"]}
 
     @property
-    def workspace(self) -> Workspace:
-        workspace = self.settings.session.workspace
-        workspace.namespace = self.shell.user_ns
-        return workspace
+    def session(self) -> Session:
+        """The extension's session, over the kernel's namespace as it is now."""
+        session = self.settings.session
+        session.workspace.namespace = self.shell.user_ns
+        return session
 
     @context_matcher(identifier="torchmagic", priority=1)
     def matcher(self, context: CompletionContext) -> dict[str, object]:
@@ -204,7 +205,7 @@ class MagicCompleter:
         if "choices" in arg:
             return completion.tagged((c for c in arg["choices"] if c.startswith(typed)), "value")
         kind = OPTION_VALUES.get(arg["dest"])
-        workspace = self.workspace
+        workspace = self.session.workspace
         if kind == "target":
             return completion.target_candidates(workspace, typed, root=self._root(line))
         if kind == "blocks":  # a comma-separated list: complete its last block
@@ -219,7 +220,7 @@ class MagicCompleter:
 
     def _root(self, line: Line) -> str | None:
         """The model variable the command's targets already name, if any."""
-        workspace = self.workspace
+        workspace = self.session.workspace
         for word in line.positionals:
             head = word.partition(".")[0]
             if workspace.module(head) is not None:
@@ -233,7 +234,7 @@ class MagicCompleter:
             return self._usage_values(_usage_slots(line.entry["usage"], 1), [], typed)
         dests = [a["name"] for a in line.entry["arguments"] if a["kind"] == "positional"]
         kind = POSITIONALS.get(dests[0]) if dests else None  # None: options only
-        workspace = self.workspace
+        workspace = self.session.workspace
         keys = _option_items(
             f"{k['name']}=" for k in line.entry["key_values"] if k["name"].startswith(typed)
         )
@@ -264,7 +265,7 @@ class MagicCompleter:
         keys = _option_items(
             f"{k['name']}=" for k in line.entry["key_values"] if k["name"].startswith(typed)
         )
-        targets = completion.target_candidates(self.workspace, typed, root=self._root(line))
+        targets = completion.target_candidates(self.session.workspace, typed, root=self._root(line))
         return targets + (keys if typed else [])
 
     # -- subcommands -----------------------------------------------------------------
@@ -329,7 +330,7 @@ class MagicCompleter:
             elif word == "MAGIC":
                 found += completion.tagged(_magic_names(self.entries), "magic")
             elif word in USAGE_WORDS:
-                found += completion.variables(self.workspace, USAGE_WORDS[word], "")
+                found += completion.variables(self.session.workspace, USAGE_WORDS[word], "")
             elif word.islower():
                 found.append(completion.Candidate(word, "value"))
         return [w for w in found if w.startswith(typed)]

@@ -8,7 +8,6 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core import TorchMagicError
-from ..core.devices.memory import CellWatcher
 from ..core.surgery.grammar import parse_bytes, parse_shape
 from .base import OPT, Subcommand, TopicMagics, parse, render, subcommands
 
@@ -19,7 +18,7 @@ class DeviceMagics(TopicMagics):
 
     def __init__(self, shell, settings) -> None:
         super().__init__(shell, settings)
-        self.cell_watcher: CellWatcher | None = None
+        self.watching = False  # %gpumem watch on: the session's cell watch is hooked
 
     def close(self) -> None:
         self._watch(False)
@@ -243,20 +242,20 @@ class DeviceMagics(TopicMagics):
 
     def _watch(self, on: bool) -> None:
         events = self.shell.events
-        if on and self.cell_watcher is None:
-            self.cell_watcher = CellWatcher()
+        if on and not self.watching:
             events.register("pre_run_cell", self._watch_pre)
             events.register("post_run_cell", self._watch_post)
-        elif not on and self.cell_watcher is not None:
+        elif not on and self.watching:
             events.unregister("pre_run_cell", self._watch_pre)
             events.unregister("post_run_cell", self._watch_post)
-            self.cell_watcher = None
+            self.session.cell_watch.stop()
+        self.watching = on
 
     def _watch_pre(self, _info=None) -> None:
-        if self.cell_watcher is not None:
-            self.cell_watcher.pre()
+        if self.watching:
+            self.session.cell_watch.pre()
 
     def _watch_post(self, result=None) -> None:
-        cell = self.cell_watcher.post() if self.cell_watcher is not None else None
+        cell = self.session.cell_watch.post() if self.watching else None
         if cell is not None:
             print(render.memory.cell_line(cell))

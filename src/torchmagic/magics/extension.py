@@ -8,7 +8,7 @@ from traitlets import Enum, Float, Integer, Unicode, observe
 from traitlets.config import Configurable
 
 from ..core import Session, SessionConfig
-from ..core.surgery.batchnorm import POLICIES
+from ..core.choices import POLICIES
 from .base import TopicMagics
 from .completion import MagicCompleter
 from .completion import register as register_completer

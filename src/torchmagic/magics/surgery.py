@@ -12,7 +12,7 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core import TorchMagicError
-from ..core.surgery.batchnorm import POLICIES
+from ..core.choices import POLICIES
 from ..core.surgery.grammar import (
     parse_count,
     parse_labels,

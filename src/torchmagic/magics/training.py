@@ -12,9 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, real_name
 from IPython.display import display
 
 from ..core import TorchMagicError
-from ..core.surgery.batchnorm import POLICIES
-from ..core.training.amp import MODES
-from ..core.training.recipe import SCHEDULES
+from ..core.choices import MODES, POLICIES, SCHEDULES
 from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, render, subcommands
 from .shown import ShownResult, echoed_in_a_terminal
 

@@ -292,3 +292,8 @@ class CellWatcher:
             torch.cuda.memory_allocated(index),
             torch.cuda.max_memory_allocated(index),
         )
+
+    def stop(self) -> None:
+        """Forget the cell being watched (the watch was switched off during it): the next
+        :meth:`post` without a :meth:`pre` says nothing."""
+        self._start = None

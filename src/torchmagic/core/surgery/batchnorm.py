@@ -23,8 +23,6 @@ from . import ties
 from .selection import Selection
 from .transaction import Transaction
 
-POLICIES = ("eval", "train", "frozen")
-
 
 def hold_in_eval(module: nn.Module, args: tuple) -> None:
     """Forward pre-hook: run this BatchNorm in inference mode whatever ``train()`` said."""

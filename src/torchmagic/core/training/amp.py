@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..choices import MODES
 from ..errors import TorchMagicError
 from ..tensors import optimizer_params
 
-MODES = ("auto", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 

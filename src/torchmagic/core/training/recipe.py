@@ -36,8 +36,6 @@ from torch.optim.lr_scheduler import OneCycleLR
 from ..surgery.results import Change
 from .fit_events import FitHistory
 
-ONE_CYCLE = "one-cycle"
-SCHEDULES = (ONE_CYCLE,)
 FINAL_DIV = 1e5  # the last lr of a phase: base / FINAL_DIV (fastai's div_final)
 # The keys OneCycleLR writes into each param group (momentum is not cycled).
 _ONE_CYCLE_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")

@@ -1,0 +1,36 @@
+"""The engine's one front door: every capability a magic has is a Session method, for
+notebooks and scripts alike. Notebook: the magics hold one Session over the kernel's
+``user_ns``. Script::
+
+    tm = torchmagic.Session(model, optimizer, schedulers=[scheduler])
+    tm.freeze("layer1-3")
+    tm.replace_head("fc", 10)
+    tm.unfreeze("layer4", lr=1e-4)
+    tm.undo()
+
+Values are typed (``lr=(1e-5, 1e-4)``, ``input_shape=(8, 3, 224, 224)``); parsing the
+text of a magic line is the grammar's job. Refusals name the Python parameter at fault.
+
+``Session`` is a facade: each public method checks what it was given and delegates to
+the module of its domain, where what decides things lives:
+
+- ``facade.py``: the Session class (the state it holds, resolving, history, models,
+  checkpoints) and ``resume``; its other thin methods by domain in ``facade_surgery.py``,
+  ``facade_training.py`` and ``facade_devices.py`` (parts on ``part.SessionPart``);
+  ``config.py``: SessionConfig.
+- ``names.py``: what a call names, resolved to live objects (model, optimizer, modules).
+- ``surgery.py``: the mutating commands, each run atomically (transaction, history
+  record as the commit point, Ctrl-C safe) with the call that replays it.
+- ``history.py``: undo, the refusals that keep it consistent, releasing stale records.
+- ``training.py``: the fit plan, progressive-unfreezing hooks, lr_find's apply,
+  fine_tune's phases, the hand-written loop's step.
+- ``devices.py``: the device a command means, moves, memory, timings and estimates.
+- ``checkpoint.py``: save, load (replaying the saved calls), export as a script.
+- ``models.py``: a zoo model built and bound in the namespace.
+- ``diagnostics.py``: the doctor, told what the session knows.
+"""
+
+from .config import SessionConfig
+from .facade import Session, resume
+
+__all__ = ["Session", "SessionConfig", "resume"]

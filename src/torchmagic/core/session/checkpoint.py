@@ -1,0 +1,153 @@
+"""The Session leaving the kernel: a save file of the (current) model, loading one by
+replaying its saved calls through the session's own commands (all or nothing), and the
+model's commands, fits included, exported as a script of Session calls. The file format
+is ``core.checkpoint``'s, the script's ``core.export``'s."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...version import __version__
+from .. import checkpoint as checkpoint_file
+from ..advice import spelled
+from ..checkpoint import ResumeReport, SaveReport
+from ..errors import TorchMagicError
+from ..export import ExportReport, python_call
+from ..export import script as write_script
+from ..export import write as write_text
+from ..surgery import edits, scheduler_sync
+from ..surgery.results import Replay
+from . import names
+
+if TYPE_CHECKING:
+    from .facade import Session
+
+
+def save(session: Session, path: str | os.PathLike, model: str | None, sync: bool) -> SaveReport:
+    target = session.bound(model)
+    payload = checkpoint_file.capture(
+        target,
+        session._history.applied(target.model),
+        session.amp,
+        python_call,
+        __version__,
+    )
+    nbytes = checkpoint_file.write(payload, path, sync=sync)
+    return checkpoint_file.summarize_save(payload, os.fspath(path), nbytes, synced=sync)
+
+
+def load(
+    session: Session,
+    path: str | os.PathLike,
+    model: str | None,
+    optimizer: str | None,
+    scaler: torch.amp.GradScaler | None,
+) -> ResumeReport:
+    where = os.fspath(path)
+    payload = checkpoint_file.read(where)
+    target = session.bound(model, optimizer)
+    device_type = session.model_device(target.model).type
+    calls = list(checkpoint_file.replays(payload))
+    already = len(session._history.applied(target.model))
+    checkpoint_file.check_fresh(payload, where, target, device_type, already)
+    replayed = 0
+    try:
+        for command, call in calls:
+            _replay_call(session, target, call, command)
+            replayed += 1
+        checkpoint_file.check_replayed(payload, where, target)
+    except BaseException as exc:  # a refusal, a bug or Ctrl-C: the replay is undone
+        for _ in range(replayed):
+            session.undo()
+        if not isinstance(exc, TorchMagicError) or str(exc).startswith("cannot resume"):
+            raise
+        raise TorchMagicError(
+            f"cannot resume from '{where}': replaying {calls[replayed][0]} failed: {exc}; "
+            "nothing was changed"
+        ) from None
+    session._history.seal_replayed(replayed)
+    checkpoint_file.load_states(payload, target)
+    checkpoint_file.load_precision(payload, session.amp, device_type, scaler)
+    checkpoint_file.load_rng(payload)
+    session.workspace.current = target.model_name
+    return checkpoint_file.summarize_resume(payload, where, target)
+
+
+def _replay_call(session: Session, target: edits.BoundModel, call: Replay, command: str) -> None:
+    """One saved command, on ``target`` whatever its variable is called."""
+    name, opt = target.model_name, target.optimizer_name
+    options = call.kwargs()
+
+    def on_model(paths: Sequence[str]) -> list[str]:
+        return [f"{name}.{p}" if p else name for p in paths] or [name]
+
+    if call.method == "set_base_lrs":
+        lrs = dict(options["lrs"])
+        session.set_base_lrs(lrs, model=name, optimizer=opt, command=command)
+    elif call.method == "lora":
+        session.lora(*on_model(call.targets), optimizer=opt, command=command, **options)
+    elif call.method == "merge_lora":
+        session.merge_lora(name, optimizer=opt, command=command)
+    elif call.method in ("lora_off", "lora_on"):
+        getattr(session, call.method)(name, command=command)
+    elif call.method == "replace_head":
+        root = call.targets[0] if call.targets else ""
+        labels = options.get("labels")
+        session.replace_head(
+            f"{name}.{root}" if root else name,
+            options["num_classes"],
+            dropout=options.get("dropout"),
+            labels=None if labels is None else list(labels),
+            optimizer=opt,
+            command=command,
+        )
+    else:
+        exclude = [f"{name}.{p}" for p in options.pop("exclude", ())]
+        method = session.freeze if call.method == "freeze" else session.unfreeze
+        method(*on_model(call.targets), exclude=exclude, optimizer=opt, command=command, **options)
+
+
+def export(session: Session, path: str | os.PathLike, model: str | None) -> ExportReport:
+    target = session.bound(model, reading=True)
+    applied = session._history.applied(target.model)
+    fits = [f for f in session._fit_calls if f[0]() is target.model]
+    made_by_fits = {
+        e.index for e in applied for _, before, after, _ in fits if before < e.index <= after
+    }
+    steps: list[tuple[tuple[int, int], str, str]] = [
+        ((e.index, 0), python_call(e.replay), spelled(e.command))
+        for e in applied
+        if e.replay is not None and e.index not in made_by_fits
+    ]
+    loaders: dict[str, str] = {}
+    for _, before, _, call in fits:
+        loader_names = {k: str(v) for k, v in call.options if k in ("train", "val")}
+        loaders.update({v: f"batches for tm.fit ({k})" for k, v in loader_names.items()})
+        steps.append(((before, 1), python_call(call, loader_names), ""))
+    steps.sort(key=lambda s: s[0])
+    variables = [(target.model_name, type(target.model).__name__)]
+    session_args = [target.model_name]
+    if target.optimizer is not None:
+        variables.append((target.optimizer_name or "optimizer", type(target.optimizer).__name__))
+        session_args.append(target.optimizer_name or "optimizer")
+    scheduler_names = [
+        (names.name_of(session.workspace, s, f"scheduler{i}"), type(s).__name__)
+        for i, s in enumerate(scheduler_sync.roots(target.schedulers))
+    ]
+    variables += scheduler_names
+    if scheduler_names:
+        session_args.append(f"schedulers=[{', '.join(n for n, _ in scheduler_names)}]")
+    variables += list(loaders.items())
+    text = write_script(
+        variables,
+        f"tm = torchmagic.Session({', '.join(session_args)})",
+        [(call, command) for _, call, command in steps],
+        __version__,
+        target.model_name,
+    )
+    write_text(text, path)
+    return ExportReport(os.fspath(path), tuple(variables), len(steps))

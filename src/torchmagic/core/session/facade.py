@@ -1,0 +1,203 @@
+"""The Session class: the engine's one front door, a facade. Each public method checks
+what it was given and delegates to the module of its domain in this package; what decides
+things lives there (see the package's docstring for which module holds what)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Container, MutableMapping, Sequence
+
+import torch
+from torch import nn
+
+from ..advice import Command
+from ..checkpoint import ResumeReport, SaveReport
+from ..devices.memory import CellWatcher
+from ..devices.pinbench import PinReport
+from ..diagnostics.compiled import CompileWatch
+from ..diagnostics.doctor import DoctorReport
+from ..export import ExportReport
+from ..surgery import edits
+from ..surgery.history import ByteCap, Cleared, History
+from ..surgery.results import Change, HistoryEntry, Replay
+from ..training.amp import Accumulation, AmpController
+from ..training.fit_events import FitHistory
+from ..workspace import Workspace
+from ..zoo import LoadedModel
+from . import checkpoint, diagnostics, history, models, names
+from .config import SessionConfig
+from .facade_devices import DeviceFacade
+from .facade_surgery import SurgeryFacade
+from .facade_training import TrainingFacade
+
+
+class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
+    """Transfer learning on live objects, with undo: surgery, training, devices, memory,
+    mixed precision and diagnostics behind one object.
+
+    Give it a model and optimizer (scripts), or a namespace dict in which it finds them by
+    variable name (notebooks). Target strings use the target grammar: ``layer1-3``,
+    ``features.0-6``, ``"*.bn*"``, ``model.fc``. Methods that take ``model`` take a
+    variable name; without one they use the current model.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        schedulers: Sequence[object] = (),
+        namespace: MutableMapping | None = None,
+        hidden: Container[str] = (),
+        config: SessionConfig | None = None,
+    ) -> None:
+        self.workspace = Workspace(
+            names.namespace_of(model, optimizer, schedulers, namespace), hidden
+        )
+        self.config = config or SessionConfig()
+        self._history = History()  # every command, for undo, checkpoints and export
+        self.device: torch.device | None = None  # set_device(); None: where the model is
+        self.amp = AmpController()
+        self.fits: list[FitHistory] = []
+        self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
+        self.cell_watch = CellWatcher()  # memory around each cell, for the notebook's watch
+        self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
+        self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
+        # step(accumulate=N): each optimizer's open window of micro-batches
+        self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._phase_schedulers: tuple[object, ...] = ()  # fine_tune's one-cycle, while it runs
+        # each fit as a call, for export: (model, newest command before, after it, call)
+        self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module], int, int, Replay]] = []
+
+    # -- resolving -------------------------------------------------------------------
+
+    def bound(
+        self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
+    ) -> edits.BoundModel:
+        """The named (or current) model with the optimizer and schedulers bound to it;
+        ``reading``: for a command that only shows, so a stale optimizer counts as none."""
+        return names.bound(self.workspace, model, optimizer, reading)
+
+    # -- history ---------------------------------------------------------------------
+
+    def history_cap(self) -> ByteCap:
+        """The bytes the undo history may keep alive, and why that many."""
+        return history.cap(self)
+
+    def prune_history(self) -> None:
+        """Release the undo logs of commands whose model was rebound or whose optimizer
+        was re-created: they cannot be undone, and would keep the old objects (and state
+        set aside) alive. The notebook calls this after every cell."""
+        history.prune(self)
+
+    def history(self) -> tuple[HistoryEntry, ...]:
+        """Every command so far, oldest first; stale entries can no longer be undone."""
+        self.prune_history()
+        return self._history.entries()
+
+    def history_bytes(self, device_type: str | None = None) -> int:
+        """Bytes of tensors the undo history keeps alive (on ``device_type``, or all)."""
+        self.prune_history()
+        return self._history.nbytes(device_type)
+
+    def clear_history(self) -> Cleared:
+        """Forget every command: nothing can be undone afterwards, and what the undo
+        logs kept alive (optimizer state set aside, replaced layers) is released."""
+        return self._history.clear()
+
+    def undone(self) -> tuple[Command, ...]:
+        """The commands :meth:`undo` reverted, oldest first."""
+        return tuple(self._history.undone)
+
+    def undo(self) -> Change:
+        """Revert the newest command still applying to a bound model; atomic like the
+        commands (under Ctrl-C too): reverted and out of the history, or neither."""
+        return history.undo(self)
+
+    # -- models and diagnostics --------------------------------------------------------
+
+    def load_model(
+        self,
+        name: str,
+        weights: str | None = "DEFAULT",
+        *,
+        num_classes: int | None = None,
+        bind: str = "model",
+        head_command: str | None = None,
+    ) -> tuple[LoadedModel, Change | None]:
+        """Build ``name`` (``resnet18``, ``timm:convnext_atto``, ``hf:vit``) with the modern
+        ``weights=`` API and bind ``bind`` (the model), ``weights``, ``preprocess`` and
+        ``categories`` in the namespace, so transforms and labels match the weights; with
+        ``num_classes`` the head is replaced next, as an undoable history entry. Nothing is
+        bound when the build fails (offline without cached weights: one error line).
+        ``head_command``: how history shows the head replacement (a magic passes its own
+        spelling)."""
+        return models.load_model(self, name, weights, num_classes, bind, head_command)
+
+    def use(self, name: str) -> str:
+        """Make ``name`` the current model for commands that do not name one."""
+        self.workspace.resolve_model(name)
+        self.workspace.current = name
+        return name
+
+    def observe_compiled(self) -> None:
+        """Remember compiled models as they are now, so :meth:`doctor` can tell later
+        edits (the notebook calls this after every cell)."""
+        self.compile_watch.observe(self.workspace.namespace, self.workspace.hidden)
+
+    def doctor(self) -> DoctorReport:
+        """The classic transfer-learning mistakes in the namespace; changes nothing."""
+        return diagnostics.doctor(self)
+
+    # -- leaving the kernel ----------------------------------------------------------
+
+    def save(
+        self, path: str | os.PathLike, model: str | None = None, *, sync: bool = False
+    ) -> SaveReport:
+        """Write what a fresh process needs to continue training the (current) model bit
+        for bit: weights, optimizer state and param groups by parameter name, scheduler,
+        GradScaler and RNG states, the AMP policy and the commands that made the structure
+        (see ``core.checkpoint``). Atomic: ``path`` is never left half written. ``sync``:
+        also on the disk before returning (survives a power loss, not only Ctrl-C)."""
+        return checkpoint.save(self, path, model, sync)
+
+    def load(
+        self,
+        path: str | os.PathLike,
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> ResumeReport:
+        """Continue from a :meth:`save` file on the (current) model, built the way the
+        notebook first built it (with its optimizer and schedulers): the saved commands
+        are replayed through this session's own edits (they join its history; they cannot
+        be undone), then every state is loaded by name. Anything that does not match (the
+        architecture, a head, the optimizer's class, the schedulers, the file itself) is
+        refused before anything changes. ``scaler``: your own GradScaler to load into."""
+        return checkpoint.load(self, path, model, optimizer, scaler)
+
+    def export(self, path: str | os.PathLike, model: str | None = None) -> ExportReport:
+        """Write the (current) model's commands as a Python script of Session calls, fits
+        included, with a header naming the variables it expects (see ``core.export``)."""
+        return checkpoint.export(self, path, model)
+
+
+def resume(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    schedulers: Sequence[object] = (),
+    scaler: torch.amp.GradScaler | None = None,
+) -> Session:
+    """A Session over ``model`` and ``optimizer`` (built the way the notebook first built
+    them, e.g. ``resnet18(num_classes=10)``, ``AdamW(model.parameters())``) and its
+    ``schedulers``, continued from the :meth:`Session.save` file at ``path``: the saved
+    commands replayed, every state loaded by name. Refused in one line, with nothing
+    changed, when anything does not match."""
+    session = Session(model, optimizer, schedulers=schedulers)
+    session.load(path, scaler=scaler)
+    return session

@@ -1,0 +1,128 @@
+"""The Session's history of commands: which records can still be undone (and releasing
+those that cannot), undo itself, and the refusals that keep an undo from leaving a model
+and its live optimizer inconsistent. The records are kept by ``core.surgery.history``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..advice import as_advice, spelled
+from ..devices.hostmem import machine_memory
+from ..errors import TorchMagicError
+from ..modules import unwrap
+from ..surgery.counting import count, describe_groups, group_keys
+from ..surgery.history import REBOUND, REPLAYED, ByteCap, Record, byte_cap
+from ..surgery.results import Change, Counts, Effect
+from ..surgery.transaction import uninterrupted
+
+if TYPE_CHECKING:
+    from .facade import Session
+
+
+def cap(session: Session) -> ByteCap:
+    """The bytes the undo history may keep alive, and why that many."""
+    return byte_cap(session.config.history_bytes, machine_memory()[1])
+
+
+def dropped(session: Session, n: int) -> str:
+    """What a command says when the history dropped its ``n`` oldest records to take it."""
+    limits = session.history_cap()
+    return (
+        f"undo history full: the oldest {n} command{'s' if n > 1 else ''} can no longer "
+        f"be undone (history_limit {session.config.history_limit} commands; history_bytes "
+        f"{limits.nbytes} bytes, {limits.reason})"
+    )
+
+
+def prune(session: Session) -> None:
+    """Release the records that can no longer be undone (see :func:`_stale`)."""
+    session._history.release(lambda record: _stale(session, record))
+
+
+def _stale(session: Session, record: Record) -> str:
+    """Why ``record`` can no longer be undone ("" while it can): its model is not bound
+    to its variable any more, or the optimizer it edited was re-created."""
+    workspace = session.workspace
+    bound = workspace.module(record.change.model_name)
+    model = record.model()
+    if model is None or bound is None or unwrap(bound) is not model:
+        return REBOUND
+    if record.optimizer is not None:
+        now = workspace.optimizer(record.change.optimizer_name or "")
+        if now is not record.optimizer():
+            return "optimizer re-created"
+    return ""
+
+
+def undo(session: Session) -> Change:
+    """Revert the newest command still applying to a bound model, atomically."""
+    session.prune_history()
+    record = session._history.newest()
+    _refuse_undo(session, record)
+    tx = record.tx
+    assert tx is not None  # checked by _refuse_undo
+    model = record.model()
+    assert model is not None  # bound, so alive
+    opt = None if record.optimizer is None else record.optimizer()
+
+    def revert() -> tuple[Counts, dict]:
+        measured = count(model), group_keys(opt)
+        tx.revert()  # its first inverse takes the record out of the history
+        return measured
+
+    before, groups_before = uninterrupted(revert)
+    workspace = session.workspace
+    return replace(
+        record.change,
+        effect=Effect(record.change.effect.modules, record.change.effect.params),
+        action="undo",
+        command=("undo ", *as_advice(record.change.command)),
+        before=before,
+        after=count(model),
+        groups=describe_groups(
+            opt,
+            groups_before,
+            workspace.schedulers(opt) if opt is not None else (),
+            workspace.names(),
+        ),
+    )
+
+
+def _refuse_undo(session: Session, record: Record) -> None:
+    """Refuse, before anything changes, an undo that would leave the model and its
+    live optimizer inconsistent."""
+    command = spelled(record.change.command)
+    fix = "make the opposite change instead, or clear the history"
+    if record.stale == REPLAYED:
+        raise TorchMagicError(
+            f"cannot undo {command}: it was replayed from a checkpoint, and resumed "
+            "commands cannot be undone"
+        )
+    if record.tx is None:
+        raise TorchMagicError(
+            f"cannot undo {command}: the optimizer it edited, "
+            f"'{record.change.optimizer_name}', was re-created since, and undoing would "
+            f"make parameters trainable that the new one does not hold; {fix}"
+        )
+    if record.optimizer is None:
+        model = record.model()
+        assert model is not None  # bound: not stale
+        name, now = session.workspace.resolve_optimizer(record.change.model_name, model)
+        if now is not None:
+            held = {id(p) for g in now.param_groups for p in g["params"]}
+            missing = sum(id(p) not in held for p in record.tx.trains_after_undo)
+            kept = sum(id(p) in held for p in record.tx.stops_after_undo)
+            if missing or kept:
+                what = (
+                    f"make {missing} parameter tensors trainable that it does not hold"
+                    if missing
+                    else f"leave {kept} parameter tensors in it that would no longer train"
+                )
+                raise TorchMagicError(
+                    f"cannot undo {command}: it ran without an optimizer and '{name}' "
+                    f"holds the model's parameters now; undoing would {what}; {fix}"
+                )
+    reason = record.tx.refusal()
+    if reason:
+        raise TorchMagicError(f"cannot undo {command}: {reason}; {fix}")

@@ -1,0 +1,139 @@
+"""What a Session call names, resolved to live objects: the model with its optimizer and
+schedulers, the modules a target selects, the one module a path names, variables and
+loaders. Resolving binds nothing: one walk of the namespace serves a whole call."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, MutableMapping, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import TorchMagicError
+from ..modules import unwrap
+from ..surgery import edits, model_checks
+from ..surgery.grammar import parse_targets
+from ..surgery.selection import Selection, resolve, select
+from ..workspace import StaleOptimizerError, Workspace
+
+
+def namespace_of(
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+    schedulers: Sequence[object],
+    namespace: MutableMapping | None,
+) -> MutableMapping:
+    """The namespace a Session finds its objects in: the one given (a notebook's), else
+    a script's own holding ``model``, ``optimizer`` and ``schedulers``."""
+    if namespace is not None:
+        return namespace
+    own: MutableMapping = {"schedulers": list(schedulers)}
+    if model is not None:
+        own["model"] = model
+    if optimizer is not None:
+        own["optimizer"] = optimizer
+    return own
+
+
+def bind(
+    workspace: Workspace, name: str, model: nn.Module, optimizer: str | None, reading: bool
+) -> edits.BoundModel:
+    """``model`` with its optimizer and schedulers. An optimizer holding none of its
+    parameters is refused; ``reading`` (commands that only show) treats it as none."""
+    with workspace.pinned():
+        try:
+            opt_name, opt = workspace.resolve_optimizer(name, unwrap(model), optimizer)
+        except StaleOptimizerError:
+            if not reading:
+                raise
+            opt_name, opt = None, None
+        real = unwrap(model)
+        return edits.BoundModel(
+            real,
+            name,
+            opt,
+            opt_name,
+            workspace.schedulers(opt) if opt is not None else [],
+            names=workspace.names(),
+            rebuilt=None if opt_name is None else workspace.rebuilt(opt_name),
+            ema_copies=workspace.ema_copies(real),
+        )
+
+
+def bound(
+    workspace: Workspace, model: str | None, optimizer: str | None, reading: bool
+) -> edits.BoundModel:
+    """The named (or current) model, bound (see :func:`bind`)."""
+    with workspace.pinned():
+        name, module = workspace.resolve_model(model)
+        return bind(workspace, name, module, optimizer, reading)
+
+
+def selection(
+    workspace: Workspace, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None
+) -> tuple[edits.BoundModel, Selection]:
+    """The model ``targets`` name, bound, and the blocks they select in it (less
+    ``exclude``); refuses models surgery cannot edit."""
+    with workspace.pinned():
+        parsed = parse_targets(targets) if targets else ()
+        excluded = parse_targets(exclude)
+        name, model, relative = workspace.split_root(parsed)
+        target = bind(workspace, name, model, optimizer, False)
+        model_checks.check_editable(target.model, name)
+        relative_excluded = [workspace.relative_to(name, t) for t in excluded]
+        return target, select(target.model, relative, relative_excluded)
+
+
+def one_module(
+    workspace: Workspace, where: str | None, optimizer: str | None = None, reading: bool = False
+) -> tuple[edits.BoundModel, str, nn.Module]:
+    """The model ``where`` names (or the current one) and the one module inside it
+    that ``where``'s path names: (bound model, relative name, module). ``reading``:
+    refuse only models surgery cannot read, else those it cannot edit."""
+    with workspace.pinned():
+        if where is None:
+            name, model = workspace.resolve_model()
+            relative = None
+        else:
+            name, model, relative_targets = workspace.split_root(parse_targets([where]))
+            relative = relative_targets[0]
+        target = bind(workspace, name, model, optimizer, reading)
+        check = model_checks.check_readable if reading else model_checks.check_editable
+        check(target.model, name)
+        if relative is None or relative.is_whole:
+            return target, "", target.model
+        hits = resolve(target.model, relative)
+        if len(hits) != 1:
+            raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one", param="where")
+        return target, hits[0][0], hits[0][1]
+
+
+def variable(workspace: Workspace, value: object, param: str) -> object:
+    """``value``, or the object bound to it when it is a variable name."""
+    if not isinstance(value, str):
+        return value
+    if value not in workspace.namespace:
+        names = [name for name, _ in workspace.items()]
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise TorchMagicError(f"no variable named '{value}' for {param}{hint}", param=param)
+    return workspace.namespace[value]
+
+
+def loader(workspace: Workspace, value: object, param: str) -> Iterable:
+    """The batches ``value`` is (or names): anything iterable."""
+    value = variable(workspace, value, param)
+    if not isinstance(value, Iterable):
+        raise TorchMagicError(
+            f"{param} must be an iterable of batches, got {type(value).__name__}",
+            param=param,
+        )
+    return value
+
+
+def name_of(workspace: Workspace, value: object, default: str) -> str:
+    """The variable ``value`` is bound to (itself when it is a name), else ``default``."""
+    if isinstance(value, str):
+        return value
+    return next((n for n, v in workspace.items() if v is value), default)

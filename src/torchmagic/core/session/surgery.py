@@ -1,0 +1,375 @@
+"""The Session's mutating commands and how each one runs: validated first, then applied in
+a transaction, recorded in the history (the commit point) and settled, or not at all, also
+under Ctrl-C. Each command keeps the call that makes it again on a freshly built model (its
+replay record: what a checkpoint and an exported script hold)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .. import distributed
+from ..advice import Advice, Call, Command
+from ..choices import POLICIES
+from ..errors import TorchMagicError
+from ..surgery import edits, lora, model_checks
+from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
+from ..surgery.counting import count, describe_groups, group_keys
+from ..surgery.grammar import LrSpec, Target, check_positive, parse_targets, spread_lrs
+from ..surgery.results import Change, Effect, Replay, SummaryReport
+from ..surgery.summary import summarize
+from ..surgery.transaction import Transaction, uninterrupted
+from ..workspace import Workspace
+from . import history, names
+
+if TYPE_CHECKING:
+    from .facade import Session
+
+
+def run(
+    session: Session,
+    action: str,
+    command: Command,
+    target: edits.BoundModel,
+    dry_run: bool,
+    step: Callable[[Transaction], Effect],
+    replay: Replay | None = None,
+) -> Change:
+    """Run ``step`` as one atomic command: applied and in the history, or not at all
+    (also under Ctrl-C, which waits until the end). ``replay``: the call that makes
+    it again on a freshly built model (what a checkpoint keeps)."""
+    session.prune_history()
+    notes = distributed.check_surgery(action, target.model, session.workspace.items())
+
+    def apply(tx: Transaction) -> Change:
+        before = count(target.model)
+        groups_before = group_keys(target.optimizer)
+        state_before = edits.fingerprint(target)
+        effect = step(tx)
+        return Change(
+            action=action,
+            command=command,
+            model_name=target.model_name,
+            effect=replace(effect, notes=effect.notes + notes),
+            before=before,
+            after=count(target.model),
+            optimizer_name=target.optimizer_name,
+            groups=describe_groups(
+                target.optimizer, groups_before, target.schedulers, target.names
+            ),
+            dry_run=dry_run,
+            unchanged=edits.fingerprint(target) == state_before,
+        )
+
+    change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))
+    if dropped:
+        told = (*change.effect.notes, history.dropped(session, dropped))
+        change = replace(change, effect=replace(change.effect, notes=told))
+    return change
+
+
+def _atomically(
+    session: Session,
+    target: edits.BoundModel,
+    apply: Callable[[Transaction], Change],
+    dry_run: bool,
+    replay: Replay | None = None,
+) -> tuple[Change, int]:
+    """``apply`` in a transaction, then recorded (the commit point) and settled; or
+    rolled back. Returns the change and how many old records the history dropped."""
+    tx = Transaction()
+    try:
+        change = apply(tx)
+        if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
+            tx.revert()
+            return change, 0
+        dropped = session._history.push(
+            change,
+            target.model,
+            target.optimizer,
+            tx,
+            session.config.history_limit,
+            session.history_cap().nbytes,
+            replay,
+        )
+        _settle(session, target, tx)
+        return change, dropped
+    except BaseException:
+        # recorded means applied: finish it; otherwise it never happened
+        if session._history.holds(tx):
+            _settle(session, target, tx)
+        else:
+            tx.revert()
+        raise
+
+
+def _settle(session: Session, target: edits.BoundModel, tx: Transaction) -> None:
+    """What follows a command's commit point; idempotent, so an interrupted one is
+    simply run again."""
+    tx.commit()
+    session.workspace.current = target.model_name
+    if target.optimizer_name is not None:
+        session.workspace.remember(target.model_name, target.model, target.optimizer_name)
+
+
+# -- the commands ------------------------------------------------------------------------
+
+
+def freeze(
+    session: Session,
+    targets: Sequence[str],
+    exclude: Sequence[str],
+    bn: str | None,
+    optimizer: str | None,
+    dry_run: bool,
+    command: Command | None,
+) -> Change:
+    policy = checked_bn(bn or session.config.bn_policy)
+    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
+    return run(
+        session,
+        "freeze",
+        command or call("freeze", *targets, exclude=tuple(exclude) or None, bn=bn),
+        target,
+        dry_run,
+        lambda tx: edits.freeze(target, selection, policy, tx),
+        replay_of(session.workspace, "freeze", targets, exclude, bn=policy),
+    )
+
+
+def unfreeze(
+    session: Session,
+    targets: Sequence[str],
+    lr: LrSpec,
+    wd: float | None,
+    exclude: Sequence[str],
+    optimizer: str | None,
+    dry_run: bool,
+    command: Command | None,
+) -> Change:
+    lr_spec = _checked_lr(lr)
+    weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
+    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
+    lrs = spread_lrs(lr_spec, len(selection.blocks))
+    return run(
+        session,
+        "unfreeze",
+        command or call("unfreeze", *targets, lr=lr, wd=wd, exclude=tuple(exclude) or None),
+        target,
+        dry_run,
+        lambda tx: edits.unfreeze(
+            target, selection, lrs, weight_decay, session.config.unfreeze_lr_ratio, tx
+        ),
+        replay_of(session.workspace, "unfreeze", targets, exclude, lr=lr_spec, wd=weight_decay),
+    )
+
+
+def replace_head(
+    session: Session,
+    where: str | None,
+    num_classes: int | None,
+    dropout: float | None,
+    labels: Sequence[str] | None,
+    optimizer: str | None,
+    dry_run: bool,
+    command: Command | None,
+) -> Change:
+    if num_classes is None:
+        if labels is None:
+            raise TorchMagicError(
+                "the class count is missing: give num_classes (or labels)",
+                param="num_classes",
+            )
+        num_classes = len(labels)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise TorchMagicError(
+            f"num_classes must be a positive integer, got {num_classes!r}",
+            param="num_classes",
+        )
+    target, root_name, root = names.one_module(
+        session.workspace, None if where == "auto" else where, optimizer
+    )
+    return run(
+        session,
+        "replace_head",
+        command or call("replace_head", where or "auto", num_classes, dropout=dropout),
+        target,
+        dry_run,
+        lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels),
+        Replay(
+            "replace_head",
+            (root_name,),
+            options(
+                num_classes=num_classes,
+                dropout=dropout,
+                labels=None if labels is None else tuple(labels),
+            ),
+        ),
+    )
+
+
+def add_lora(
+    session: Session,
+    targets: Sequence[str],
+    r: int,
+    alpha: float,
+    dropout: float,
+    lr: float | None,
+    optimizer: str | None,
+    dry_run: bool,
+    command: Command | None,
+) -> Change:
+    if not targets:
+        raise TorchMagicError("name the layers to adapt", param="targets")
+    lr = None if lr is None else check_positive(lr, "lr")
+    lora.check_options(r, alpha, dropout)
+    target, selection = names.selection(session.workspace, targets, (), optimizer)
+    return run(
+        session,
+        "lora",
+        command or call("lora", *targets, r=r, alpha=alpha, dropout=dropout, lr=lr),
+        target,
+        dry_run,
+        lambda tx: lora.add(target, selection, r, alpha, dropout, lr, tx),
+        replay_of(session.workspace, "lora", targets, (), r=r, alpha=alpha, dropout=dropout, lr=lr),
+    )
+
+
+def merge_lora(
+    session: Session,
+    model: str | None,
+    optimizer: str | None,
+    dry_run: bool,
+    command: Command | None,
+) -> Change:
+    target = _lora_target(session, model, optimizer)
+    return run(
+        session,
+        "merge_lora",
+        command or call("merge_lora", model=model),
+        target,
+        dry_run,
+        lambda tx: lora.merge(target, tx),
+        Replay("merge_lora", (), ()),
+    )
+
+
+def switch_lora(session: Session, model: str | None, on: bool, command: Command | None) -> Change:
+    """The LoRA adapters' contribution off (kept, not merged) or on again."""
+    action = "lora_on" if on else "lora_off"
+    command = command or call(action, model=model)
+    target = _lora_target(session, model, None)
+    return run(
+        session,
+        action,
+        command,
+        target,
+        False,
+        lambda tx: lora.switch(target, on, tx),
+        Replay(action, (), ()),
+    )
+
+
+def _lora_target(session: Session, model: str | None, optimizer: str | None) -> edits.BoundModel:
+    target = session.bound(model, optimizer)
+    model_checks.check_editable(target.model, target.model_name)
+    return target
+
+
+def set_base_lrs(
+    session: Session,
+    lrs: Mapping[int, float],
+    model: str | None,
+    optimizer: str | None,
+    command: Command | None,
+) -> Change:
+    target = session.bound(model, optimizer)
+    lrs = dict(lrs)
+    return run(
+        session,
+        "set_lr",
+        command or call("set_base_lrs", lrs=lrs),
+        target,
+        False,
+        lambda tx: set_group_base_lrs(target, lrs, tx),
+        Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
+    )
+
+
+def summary(
+    session: Session, where: str | None, depth: int | None, input_shape: Sequence[int] | None
+) -> SummaryReport:
+    if depth is not None and depth < 0:
+        raise TorchMagicError(f"depth must be >= 0, got {depth}", param="depth")
+    target, relative_name, root = names.one_module(session.workspace, where, reading=True)
+    label = f"{target.model_name}.{relative_name}" if relative_name else target.model_name
+    config = session.config
+    return summarize(
+        root,
+        model_name=label,
+        optimizer=target.optimizer,
+        optimizer_name=target.optimizer_name,
+        schedulers=target.schedulers,
+        scheduler_names=target.names,
+        depth=config.summary_depth if depth is None else depth,
+        max_rows=config.summary_max_rows,
+        input_shape=input_shape,
+    )
+
+
+# -- checks and records ------------------------------------------------------------------
+
+
+def checked_bn(policy: str) -> str:
+    if policy not in POLICIES:
+        raise TorchMagicError(f"bn={policy!r}: choose one of {', '.join(POLICIES)}", param="bn")
+    return policy
+
+
+def _checked_lr(lr: LrSpec) -> LrSpec:
+    if lr is None:
+        return None
+    if isinstance(lr, tuple):
+        if len(lr) != 2:
+            raise TorchMagicError(
+                f"lr must be a number or a (first, last) pair, got {lr}", param="lr"
+            )
+        first, last = lr
+        return (check_positive(first, "lr"), check_positive(last, "lr"))
+    return check_positive(lr, "lr")
+
+
+def call(action: str, *args: str | int, **kwargs: object) -> Advice:
+    """The command as the session call that did it, for the history; each front end
+    spells it (``tm.freeze("layer1")``, ``%freeze layer1``)."""
+    given = tuple((key, value) for key, value in kwargs.items() if value is not None)
+    return (Call(action, args, given),)
+
+
+def options(**given: object) -> tuple[tuple[str, object], ...]:
+    """Keyword arguments of a replay, those left at None dropped."""
+    return tuple((k, v) for k, v in given.items() if v is not None)
+
+
+def replay_of(
+    workspace: Workspace,
+    method: str,
+    targets: Sequence[str],
+    exclude: Sequence[str],
+    **given: object,
+) -> Replay:
+    """``method``'s call with its targets relative to the model they name, so that it
+    replays on the same model under any variable name."""
+    name, _, relative = workspace.split_root(parse_targets(targets))
+    excluded = [workspace.relative_to(name, t) for t in parse_targets(exclude)]
+    if excluded:
+        given["exclude"] = tuple(_relative_text(t) for t in excluded)
+    return Replay(method, tuple(_relative_text(t) for t in relative), options(**given))
+
+
+def _relative_text(target: Target) -> str:
+    """A target relative to its model, as text the grammar parses again ("" : the model)."""
+    if target.glob is not None:
+        return target.glob
+    return ".".join(segment.text for segment in target.segments)

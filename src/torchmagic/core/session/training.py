@@ -1,0 +1,408 @@
+"""The Session's training: the plan a run trains by (refused before anything changes),
+fit's pacing hooks (progressive unfreezing through the session's own ``unfreeze``) and its
+record for export, the lr range test and applying its suggestion, fine_tune's phases as the
+session's own commands, and the one correct optimizer step of a hand-written loop."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterator, Sequence, Sized
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..choices import SCHEDULES
+from ..errors import TorchMagicError
+from ..surgery import edits, heads, scheduler_sync
+from ..surgery.base_lrs import base_lrs
+from ..surgery.results import Replay
+from ..training.amp import Accumulation
+from ..training.fit import fit as run_fit
+from ..training.fit_events import FitHistory, FitObserver, StopReason
+from ..training.fit_plan import FitPlan, check_plan, resolve_loss
+from ..training.lr_find import LrFindResult, check_range, find_lr
+from ..training.progressive import Monitor, Pacing, check_pacing
+from ..training.recipe import (
+    HEAD_PHASE,
+    UNFROZEN_PHASE,
+    FineTuneResult,
+    OneCyclePhase,
+    fine_tune_blocks,
+    one_cycle_phase,
+)
+from ..training.schedule_steps import SchedStep
+from . import names
+from .surgery import call, checked_bn, options
+
+if TYPE_CHECKING:
+    from .facade import Session
+
+
+def fit_plan(
+    session: Session,
+    train: object,
+    *,
+    model: str | None,
+    val: object | None,
+    loss: str | Callable,
+    optimizer: str | None,
+    label: str,
+) -> tuple[edits.BoundModel, FitPlan]:
+    """The bound model and a plan to train it: its optimizer and schedulers, the
+    session's device, AMP policy and the loss. Refuses before anything changes."""
+    workspace = session.workspace
+    name, module = workspace.resolve_model(model)
+    target = names.bind(workspace, name, module, optimizer, False)
+    if target.optimizer is None:
+        stale = workspace.stale_optimizers()
+        left_over = (
+            f" ({', '.join(repr(n) for n in stale)} "
+            f"{'holds' if len(stale) == 1 else 'hold'} the parameters of a model no "
+            f"variable names any more: was '{name}' re-created after it?)"
+            if stale
+            else ""
+        )
+        raise TorchMagicError(
+            f"no optimizer holds the parameters of '{name}'{left_over}; create one, e.g. "
+            f"optimizer = torch.optim.AdamW(p for p in {name}.parameters() "
+            "if p.requires_grad)"
+        )
+    device = session.model_device(target.model)
+    if session.device is not None and session.device != device:
+        raise TorchMagicError(
+            f"'{name}' is on {device} but the session device is {session.device}; "
+            "move it there first"
+        )
+    amp = session.amp
+    if amp.enabled and amp.device_type != device.type:
+        raise TorchMagicError(
+            f"AMP is on for {amp.device_type} but '{name}' is on {device.type}; "
+            f"turn AMP on again for {device.type}"
+        )
+    plan = FitPlan(
+        model=target.model,
+        model_name=name,
+        optimizer=target.optimizer,
+        schedulers=scheduler_sync.roots(target.schedulers) + list(session._phase_schedulers),
+        loss_fn=resolve_loss(loss, workspace.namespace),
+        device=device,
+        amp=amp,
+        train=names.loader(workspace, train, "train"),
+        val=None if val is None else names.loader(workspace, val, "val"),
+        label=label,
+    )
+    return target, plan
+
+
+def fit(
+    session: Session,
+    train: object,
+    model: str | None,
+    val: object | None,
+    epochs: int,
+    max_steps: int | None,
+    loss: str | Callable,
+    cache_features: bool,
+    optimizer: str | None,
+    observer: FitObserver | None,
+    sched_step: SchedStep | None,
+    unfreeze: Sequence[str] | str,
+    every: int | None,
+    patience: int | None,
+    lr_ratio: float,
+    monitor: Monitor,
+    early_stop: bool,
+    keep_best: bool,
+    accumulate: int,
+    clip: float | None,
+) -> FitHistory:
+    target, plan = fit_plan(
+        session,
+        train,
+        model=model,
+        val=val,
+        loss=loss,
+        optimizer=optimizer,
+        label=f"fit {len(session.fits) + 1}",
+    )
+    plan.epochs, plan.max_steps = epochs, max_steps
+    plan.cache_features, plan.sched_step = cache_features, sched_step
+    plan.accumulate, plan.clip = accumulate, clip
+    blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
+    blocks = [b.strip() for b in blocks if b.strip()]
+    if blocks or every is not None or patience is not None or early_stop or keep_best:
+        plan.pacing = _pacing(
+            session,
+            target,
+            plan,
+            Pacing(tuple(blocks), every, patience, lr_ratio, monitor, early_stop, keep_best),
+            optimizer,
+        )
+    elif monitor != "loss":
+        check_pacing(Pacing(monitor=monitor), plan.val is not None, cache_features)
+    if observer is not None:
+        plan.observer = observer
+    before = _newest_command(session, target.model)
+    history = run_fit(plan)
+    session.fits.append(history)
+    workspace = session.workspace
+    workspace.current = target.model_name
+    record = Replay(
+        "fit",
+        (),
+        options(
+            train=names.name_of(workspace, train, "train_loader"),
+            val=None if val is None else names.name_of(workspace, val, "val_loader"),
+            epochs=epochs,
+            max_steps=max_steps,
+            loss=loss if isinstance(loss, str) and loss != "cross_entropy" else None,
+            cache_features=cache_features or None,
+            sched_step=sched_step,
+            unfreeze=tuple(blocks) or None,
+            every=every,
+            patience=patience,
+            lr_ratio=lr_ratio if plan.pacing is not None and lr_ratio != 0.3 else None,
+            monitor=None if monitor == "loss" else monitor,
+            early_stop=early_stop or None,
+            keep_best=keep_best or None,
+        ),
+    )
+    after = _newest_command(session, target.model)
+    session._fit_calls.append((weakref.ref(target.model), before, after, record))
+    return history
+
+
+def _newest_command(session: Session, model: nn.Module) -> int:
+    applied = session._history.applied(model)
+    return applied[-1].index if applied else 0
+
+
+def _head_base_lr(target: edits.BoundModel) -> float:
+    """The base lr of the group training the head (now)."""
+    ref = edits.head_group(target)
+    return base_lrs(target.optimizer, target.schedulers)[0 if ref is None else ref]  # type: ignore[arg-type]
+
+
+def _pacing(
+    session: Session,
+    target: edits.BoundModel,
+    plan: FitPlan,
+    pacing: Pacing,
+    optimizer: str | None,
+) -> Pacing:
+    """``pacing`` with the session's hooks, after checking every block: it names
+    modules of the model, holds frozen parameters no earlier block takes, and a dry
+    run of its unfreeze passes (schedulers followable…)."""
+    check_pacing(pacing, plan.val is not None, plan.cache_features)
+    name = target.model_name
+
+    def head_base_lr() -> float:
+        return _head_base_lr(names.bind(session.workspace, name, target.model, optimizer, False))
+
+    def unfreeze_block(block: str, lr: float, epoch: int) -> None:
+        session.unfreeze(
+            name,
+            block,
+            lr=lr,
+            optimizer=optimizer,
+            command=(
+                *call("unfreeze", f"{name}.{block}", lr=lr),
+                f" ({plan.label}, after epoch {epoch})",
+            ),
+        )
+
+    claimed: set[int] = set()
+    first_lr = head_base_lr() * pacing.lr_ratio if pacing.blocks else 0.0
+    for block in pacing.blocks:
+        _, selection = names.selection(session.workspace, (name, block), (), optimizer)
+        frozen = [p for p in selection.parameters() if not p.requires_grad and id(p) not in claimed]
+        if not frozen:
+            raise TorchMagicError(
+                f"'{block}' has no frozen parameters left to unfreeze", param="unfreeze"
+            )
+        claimed.update(id(p) for p in frozen)
+        session.unfreeze(name, block, lr=first_lr, optimizer=optimizer, dry_run=True)
+    return replace(pacing, unfreeze=unfreeze_block, head_base_lr=head_base_lr)
+
+
+def lr_find(
+    session: Session,
+    train: object,
+    model: str | None,
+    start: float,
+    end: float,
+    steps: int,
+    apply: bool,
+    optimizer: str | None,
+    observer: FitObserver | None,
+    loss: str | Callable,
+) -> LrFindResult:
+    check_range(start, end, steps)
+    target, plan = fit_plan(
+        session, train, model=model, val=None, loss=loss, optimizer=optimizer, label="lr_find"
+    )
+    if observer is not None:
+        plan.observer = observer
+    assert target.optimizer is not None
+    bases = base_lrs(target.optimizer, target.schedulers)
+    ref = edits.head_group(target)
+    ref = 0 if ref is None else ref
+    result = find_lr(plan, start=start, end=end, steps=steps, reference=ref, bases=bases)
+    if not apply or result.suggestion is None:
+        return result
+    suggestion = result.suggestion
+    new = {
+        i: suggestion * r
+        for i, (b, r) in enumerate(zip(bases, result.ratios, strict=True))
+        if b > 0
+    }
+    group = result.reference_name
+    change = session.set_base_lrs(
+        new,
+        model=target.model_name,
+        optimizer=optimizer,
+        command=(
+            *call("lr_find", apply=True),
+            f": base lr {suggestion:.3g} for {'group ' * group.isdigit()}{group}, "
+            "others in proportion",
+        ),
+    )
+    return replace(result, applied=change)
+
+
+def fine_tune(
+    session: Session,
+    train: object,
+    val: object,
+    epochs: int,
+    freeze_epochs: int,
+    lr: float | None,
+    model: str | None,
+    loss: str | Callable,
+    optimizer: str | None,
+    observer: FitObserver | None,
+    sched_step: SchedStep | None,
+    accumulate: int,
+    clip: float | None,
+    schedule: str | None,
+    bn: str | None,
+) -> FineTuneResult:
+    for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
+    if lr is not None and not (
+        isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
+    ):
+        raise TorchMagicError(f"lr must be a positive number, got {lr!r}", param="lr")
+    if bn is not None:
+        checked_bn(bn)
+    target, plan = fit_plan(
+        session, train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
+    )
+    plan.accumulate, plan.clip = accumulate, clip
+    check_plan(plan)
+    steps_per_epoch = _one_cycle_steps(schedule, target, plan)
+    name = target.model_name
+    head = heads.find_head(target.model).name
+    blocks = fine_tune_blocks(target.model)
+    if not head or not blocks:
+        raise TorchMagicError(
+            f"'{name}' is a single layer: there is no body to fine-tune", param="model"
+        )
+    runs = {
+        "train": train,
+        "model": name,
+        "val": val,
+        "loss": loss,
+        "optimizer": optimizer,
+        "observer": observer,
+        "sched_step": sched_step,
+        "accumulate": accumulate,
+        "clip": clip,
+    }
+    opt = target.optimizer
+    assert opt is not None
+    freeze = session.freeze(name, exclude=(head,), bn=bn, optimizer=optimizer)
+    with _phase(session, opt, HEAD_PHASE, freeze_epochs * steps_per_epoch):
+        head_fit = session.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
+    result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
+    if head_fit.stop_reason in (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS):
+        return result
+    top = (
+        lr
+        if lr is not None
+        else _head_base_lr(names.bind(session.workspace, name, target.model, optimizer, False))
+    )
+    unfreeze = session.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
+    with _phase(session, opt, UNFROZEN_PHASE, epochs * steps_per_epoch):
+        full_fit = session.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
+    return replace(result, lr=top, unfreeze=unfreeze, full_fit=full_fit)
+
+
+def _one_cycle_steps(schedule: str | None, target: edits.BoundModel, plan: FitPlan) -> int:
+    """Optimizer steps per epoch for ``schedule="one-cycle"`` (0 without a schedule);
+    refuses a schedule it cannot run."""
+    if schedule is None:
+        return 0
+    if schedule not in SCHEDULES:
+        raise TorchMagicError(
+            f"schedule={schedule!r}: choose {' or '.join(SCHEDULES)} (or None)",
+            param="schedule",
+        )
+    if plan.schedulers:
+        bound = ", ".join(type(s).__name__ for s in plan.schedulers)
+        raise TorchMagicError(
+            f"schedule={schedule!r} gives each phase its own OneCycleLR, but the "
+            f"optimizer of '{target.model_name}' is already scheduled by {bound}: "
+            "unbind it (del the variable) or leave schedule out",
+            param="schedule",
+        )
+    batches = len(plan.train) if isinstance(plan.train, Sized) else None
+    if not batches:
+        raise TorchMagicError(
+            f"schedule={schedule!r} needs the number of batches per epoch: train has no len()",
+            param="schedule",
+        )
+    return math.ceil(batches / plan.accumulate)
+
+
+@contextmanager
+def _phase(
+    session: Session, optimizer: torch.optim.Optimizer, phase: OneCyclePhase, total_steps: int
+) -> Iterator[None]:
+    """fine_tune's run under its own OneCycleLR (``total_steps`` 0: no schedule)."""
+    if not total_steps:
+        yield
+        return
+    with one_cycle_phase(optimizer, phase, total_steps) as scheduler:
+        session._phase_schedulers = (scheduler,)
+        try:
+            yield
+        finally:
+            session._phase_schedulers = ()
+
+
+def step(
+    session: Session,
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    accumulate: int,
+    clip: float | None,
+    last: bool,
+) -> bool:
+    window = session._windows.get(optimizer)
+    if window is None or (window.every, window.clip) != (accumulate, clip):
+        fresh = Accumulation(accumulate, clip)  # checks both
+        if window is not None and window.pending:
+            raise TorchMagicError(
+                f"{window.pending} of {window.every} batches of this optimizer's window "
+                f"are accumulated with accumulate={window.every}, clip={window.clip}: "
+                "finish it (last=True) before changing them",
+                param="accumulate",
+            )
+        window = session._windows[optimizer] = fresh
+    return window.add(loss, optimizer, session.amp.active_scaler, last=last)
