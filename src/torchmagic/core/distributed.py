@@ -5,16 +5,19 @@ wrapper is made. A freeze, unfreeze or new head after that leaves the reducer wa
 gradients that never come (or ignoring new ones): ranks drift apart silently, then fail
 with "Expected to have finished reduction". The fix is a new wrapper around the same
 module, made on every rank after the same change: :func:`rewrap`. Until then a guard on
-the stale wrapper refuses to run its forward.
+the stale wrapper refuses to run its forward. The wrappers are found whatever the session
+was given: bound in its namespace, else (in a process group) among the live objects, since
+DDP leaves no mark on the module it wraps (a wrapper made after ``resume``).
 
 FSDP1 (``FullyShardedDataParallel``) keeps parameters in flat, sharded tensors, so nothing
 can be edited per module after wrapping. FSDP2 (``fully_shard``) follows requires_grad
-changes, but a new head would be a plain, unsharded module whose gradients no rank
-reduces.
+changes, but a new head or LoRA adapter would be a plain, unsharded module whose
+gradients no rank reduces. Sharding a session's model with its optimizer: ``sharding``.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import inspect
 import warnings
@@ -27,11 +30,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .errors import TorchMagicError
-from .modules import walk, wrapper_chain
+from .modules import unwrap, walk, wrapper_chain
 
 _TRAINABLE = "_torchmagic_trainable"  # the parameters a DDP's reducer was built for
 _RETIRED = "_torchmagic_retired"  # set on a wrapper rewrap has replaced
 _MIB = 1024 * 1024
+# commands that put new layers into the model (what a fully_shard model cannot take)
+_NEW_LAYERS = {
+    "replace_head": ("replace the head of", "replace the head before calling fully_shard"),
+    "lora": ("add LoRA adapters to", "add them before calling fully_shard"),
+    "merge_lora": ("merge the LoRA adapters of", "merge them before calling fully_shard"),
+}
 
 
 def rewrap(ddp_model: DistributedDataParallel) -> DistributedDataParallel:
@@ -85,22 +94,39 @@ def check_surgery(
     every rank must do next)."""
     wrappers = _wrappers_of(model, namespace_items)
     _refuse_fsdp(action, model, wrappers)
-    notes = []
-    for name, ddp in wrappers:
-        if not isinstance(ddp, DistributedDataParallel):
-            continue
+    ddps = _ddp_wrappers(model, wrappers)
+    for name, ddp in ddps:
         reason = _not_rewrappable(ddp)
         if reason is not None:
+            held = f"'{name}' is" if name else "this model is held by"
             raise TorchMagicError(
-                f"'{name}' is a DistributedDataParallel that rewrap cannot rebuild "
+                f"{held} a DistributedDataParallel that rewrap cannot rebuild "
                 f"({reason}): make the change before wrapping"
             )
+    notes = []
+    for name, ddp in ddps:
         _arm(ddp, keep=True)
+        if name is None:
+            name, held = "ddp_model", "a DistributedDataParallel the session was not given wraps it"
+        else:
+            held = f"'{name}' is a DistributedDataParallel"
         notes.append(
-            f"'{name}' is a DistributedDataParallel: make the same change on every rank, "
-            f"then on each call {name} = torchmagic.rewrap({name}) before the next forward"
+            f"{held}: make the same change on every rank, then on each call "
+            f"{name} = torchmagic.rewrap({name}) before its next forward"
         )
     return tuple(notes)
+
+
+def sharded_by(model: nn.Module, namespace_items: Iterable[tuple[str, object]] = ()) -> str | None:
+    """How ``model`` (unwrapped) is sharded: "fully_shard" (FSDP2), "FullyShardedDataParallel"
+    (FSDP1), or None."""
+    if _has_fsdp1(model, _wrappers_of(model, namespace_items)):
+        return "FullyShardedDataParallel"
+    if any(_is_a(m, "FSDPModule") for m in walk(model)) or any(
+        _is_a(p, "DTensor") for p in model.parameters()
+    ):
+        return "fully_shard"
+    return None
 
 
 def count_scope(model: nn.Module, namespace_items: Iterable[tuple[str, object]]) -> str | None:
@@ -258,6 +284,47 @@ def _wrappers_of(
     return found
 
 
+def _ddp_wrappers(
+    model: nn.Module, wrappers: list[tuple[str, nn.Module]]
+) -> list[tuple[str | None, DistributedDataParallel]]:
+    """The DDP wrappers that train ``model`` now, by variable where the namespace binds
+    one (retired ones skipped: rewrap has replaced them); else, in a process group, those
+    alive anywhere (None for the name): a wrapper made after a resume, or around the raw
+    module the session was given."""
+    bound: list[tuple[str | None, DistributedDataParallel]] = [
+        (name, w)
+        for name, w in wrappers
+        if isinstance(w, DistributedDataParallel) and not w.__dict__.get(_RETIRED)
+    ]
+    if bound or not (dist.is_available() and dist.is_initialized()):
+        return bound
+    return [(None, w) for w in _unbound_ddps(model)]
+
+
+def _unbound_ddps(model: nn.Module) -> list[DistributedDataParallel]:
+    """DDP leaves no mark on the module it wraps (its reducer's hooks live in C++), so the
+    wrappers are found among the live objects: one pass over the collector's list, by
+    exact class (0.1-0.2 s in a process with torch and torchvision loaded)."""
+    kinds = _subclasses(DistributedDataParallel)
+    return [
+        w
+        for w in gc.get_objects()
+        if type(w) in kinds and not w.__dict__.get(_RETIRED) and unwrap(w) is model
+    ]
+
+
+def _subclasses(cls: type) -> set[type]:
+    found: set[type] = {cls}
+    stack: list[type] = [cls]
+    while stack:
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
+            if sub not in found:
+                found.add(sub)
+                stack.append(sub)
+    return found
+
+
 def _fsdp_parts(model: nn.Module) -> Iterator[nn.Module]:
     """FSDP1 wrappers and modules holding FSDP1 flat parameters inside ``model``."""
     for module in walk(model):
@@ -281,11 +348,11 @@ def _refuse_fsdp(action: str, model: nn.Module, wrappers: list[tuple[str, nn.Mod
             "change before wrapping (or shard with FSDP2's fully_shard, which follows "
             "freezing and unfreezing)"
         )
-    if action == "replace_head" and any(_is_a(m, "FSDPModule") for m in walk(model)):
+    if action in _NEW_LAYERS and sharded_by(model) == "fully_shard":
+        what, fix = _NEW_LAYERS[action]
         raise TorchMagicError(
-            "cannot replace the head of a fully_shard model: the new head would not be "
-            "sharded, so no rank would reduce its gradients; replace the head before "
-            "calling fully_shard"
+            f"cannot {what} a fully_shard model: the layers it makes would not be sharded, "
+            f"so no rank would reduce their gradients; {fix}"
         )
 
 

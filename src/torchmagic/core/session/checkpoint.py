@@ -13,6 +13,7 @@ import torch
 
 from ...version import __version__
 from .. import checkpoint as checkpoint_file
+from .. import sharding
 from ..advice import spelled
 from ..checkpoint import ResumeReport, SaveReport
 from ..errors import TorchMagicError
@@ -21,7 +22,7 @@ from ..export import script as write_script
 from ..export import write as write_text
 from ..surgery import edits, scheduler_sync
 from ..surgery.results import Replay
-from . import names
+from . import distributed, names
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -50,6 +51,7 @@ def load(
     where = os.fspath(path)
     payload = checkpoint_file.read(where)
     target = session.bound(model, optimizer)
+    distributed.refuse_sharded_resume(session, target, where)
     device_type = session.model_device(target.model).type
     calls = list(checkpoint_file.replays(payload))
     already = len(session._history.applied(target.model))
@@ -73,6 +75,7 @@ def load(
     checkpoint_file.load_states(payload, target)
     checkpoint_file.load_precision(payload, session.amp, device_type, scaler)
     checkpoint_file.load_rng(payload)
+    sharding.guard_unsharded_steps(target.model, target.optimizer)
     session.workspace.current = target.model_name
     return checkpoint_file.summarize_resume(payload, where, target)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Container, MutableMapping, Sequence
+from collections.abc import Callable, Container, MutableMapping, Sequence
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from ..devices.pinbench import PinReport
 from ..diagnostics.compiled import CompileWatch
 from ..diagnostics.doctor import DoctorReport
 from ..export import ExportReport
+from ..sharding import ShardReport
 from ..surgery import edits
 from ..surgery.history import ByteCap, Cleared, History
 from ..surgery.results import Change, HistoryEntry, Replay
@@ -25,7 +26,7 @@ from ..training.amp import Accumulation, AmpController
 from ..training.fit_events import FitHistory
 from ..workspace import Workspace
 from ..zoo import LoadedModel
-from . import checkpoint, diagnostics, history, models, names
+from . import checkpoint, diagnostics, distributed, history, models, names
 from .config import SessionConfig
 from .facade_devices import DeviceFacade
 from .facade_surgery import SurgeryFacade
@@ -180,6 +181,21 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         refused before anything changes. ``scaler``: your own GradScaler to load into."""
         return checkpoint.load(self, path, model, optimizer, scaler)
 
+    def shard(
+        self,
+        apply: Callable[[nn.Module], object],
+        model: str | None = None,
+        *,
+        optimizer: str | None = None,
+    ) -> ShardReport:
+        """Shard the (current) model with FSDP2, its optimizer following: ``apply(model)``
+        makes your ``fully_shard`` calls, then the param groups hold the sharded
+        parameters (swapped in place, by name) and the state is sharded by
+        torch.distributed.checkpoint, so the optimizer, its schedulers and a GradScaler
+        keep working. On every rank, once, on the unsharded model (after a resume:
+        ``resume(..., shard=apply)``). Commands before it can no longer be undone."""
+        return distributed.shard(self, apply, model, optimizer)
+
     def export(self, path: str | os.PathLike, model: str | None = None) -> ExportReport:
         """Write the (current) model's commands as a Python script of Session calls, fits
         included, with a header naming the variables it expects (see ``core.export``)."""
@@ -192,12 +208,19 @@ def resume(
     optimizer: torch.optim.Optimizer | None = None,
     schedulers: Sequence[object] = (),
     scaler: torch.amp.GradScaler | None = None,
+    *,
+    shard: Callable[[nn.Module], object] | None = None,
 ) -> Session:
     """A Session over ``model`` and ``optimizer`` (built the way the notebook first built
     them, e.g. ``resnet18(num_classes=10)``, ``AdamW(model.parameters())``) and its
     ``schedulers``, continued from the :meth:`Session.save` file at ``path``: the saved
     commands replayed, every state loaded by name. Refused in one line, with nothing
-    changed, when anything does not match."""
+    changed, when anything does not match. ``shard``: your ``fully_shard`` calls, made
+    after the load on every rank (see :meth:`Session.shard`)."""
     session = Session(model, optimizer, schedulers=schedulers)
+    if shard is not None:
+        distributed.check_shardable(session)  # before the load changes anything
     session.load(path, scaler=scaler)
+    if shard is not None:
+        session.shard(shard)
     return session

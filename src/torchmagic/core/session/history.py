@@ -12,7 +12,7 @@ from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 from ..modules import unwrap
 from ..surgery.counting import count, describe_groups, group_keys
-from ..surgery.history import REBOUND, REPLAYED, ByteCap, Record, byte_cap
+from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
 
@@ -98,6 +98,11 @@ def _refuse_undo(session: Session, record: Record) -> None:
         raise TorchMagicError(
             f"cannot undo {command}: it was replayed from a checkpoint, and resumed "
             "commands cannot be undone"
+        )
+    if record.stale == SHARDED:
+        raise TorchMagicError(
+            f"cannot undo {command}: fully_shard has sharded the model since, and its undo "
+            f"would put back the unsharded tensors; {fix}"
         )
     if record.tx is None:
         raise TorchMagicError(

@@ -32,6 +32,7 @@ from .transaction import Transaction
 
 REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
 REPLAYED = "replayed from a checkpoint"  # a resumed command: listed, never undone
+SHARDED = "model sharded since"  # fully_shard replaced the tensors its undo log holds
 
 RAM_SHARE = 4  # the automatic byte cap: a quarter of the machine's RAM …
 MIN_CAP = 1 << 30  # … and at least 1 GiB (also where the RAM is unknown)
@@ -104,6 +105,7 @@ class History:
         record. Appending is the commit point: a record in the history is a command
         applied. Returns how many of the oldest records were dropped to keep within
         ``max_entries`` and ``max_bytes``."""
+        tx.nbytes()  # measured (and kept) before the commit point: a failure here is a rollback
         record = Record(
             self._next,
             change,

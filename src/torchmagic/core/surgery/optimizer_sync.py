@@ -13,13 +13,14 @@ the user's own groups (decay / no-decay, backbone / head) survive surgery.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from ..dtensors import HostShard, from_host, held, local_nbytes, to_host
 from ..modules import parameter_names
-from ..tensors import nbytes, step_stays_on_host
+from ..tensors import step_stays_on_host
 from .model_checks import check_optimizer
 from .transaction import Transaction
 
@@ -105,6 +106,14 @@ class Homes:
         for p in params:
             self._groups[id(p)] = (p, group)
 
+    def swap(self, replaced: Mapping[int, nn.Parameter]) -> None:
+        """Parameters replaced by others (by ``id`` of the old one: fully_shard's
+        DTensors) keep their home groups."""
+        for old, new in replaced.items():
+            entry = self._groups.pop(old, None)
+            if entry is not None:
+                self._groups[id(new)] = (new, entry[1])
+
 
 _HOMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -116,6 +125,13 @@ def homes(optimizer: torch.optim.Optimizer) -> Homes:
         book = _HOMES[optimizer] = Homes()
     book.observe(optimizer)
     return book
+
+
+def rehome(optimizer: torch.optim.Optimizer, replaced: Mapping[int, nn.Parameter]) -> None:
+    """``optimizer``'s home groups follow parameters replaced by others (see Homes.swap)."""
+    book = _HOMES.get(optimizer)
+    if book is not None:
+        book.swap(replaced)
 
 
 def group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
@@ -351,22 +367,22 @@ class OptimizerEditor:
                     kept[key] = (value, None)
                     continue
                 if value.device.type != "cpu":
-                    freed += nbytes(value)
+                    freed += local_nbytes(value)
                 follows = value.device == p.device and not step_stays_on_host(group, key)
                 home = None if follows else value.device
-                kept[key] = (value.to("cpu"), home)
+                kept[key] = (to_host(value), home)  # a DTensor as its local shard
             stash.append((p, kept))
 
         def restore_state() -> None:
             for p, kept in stash:
-                state[p] = {
-                    k: v if not isinstance(v, torch.Tensor) else v.to(home or p.device)
-                    for k, (v, home) in kept.items()
-                }
+                state[p] = {k: from_host(v, home or p.device) for k, (v, home) in kept.items()}
 
         self._tx.add(restore_state)  # before anything leaves the optimizer
         self._tx.hold(
-            v for _, kept in stash for v, _ in kept.values() if isinstance(v, torch.Tensor)
+            held(v)
+            for _, kept in stash
+            for v, _ in kept.values()
+            if isinstance(v, (torch.Tensor, HostShard))
         )
         self.detach(params)
         for p, _ in stash:

@@ -19,6 +19,8 @@ from typing import TypeVar
 
 import torch
 
+from ..dtensors import storages
+
 Step = Callable[[], object]
 T = TypeVar("T")
 
@@ -98,12 +100,13 @@ class Transaction:
         """Bytes of the tensors this log keeps alive (each storage once), on devices of
         ``device_type`` or on all."""
         if device_type not in self._nbytes:
-            storages = {
-                (t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+            held = {
+                key: size
                 for t in self._held
                 if device_type is None or t.device.type == device_type
+                for key, size in storages(t)  # a DTensor: its local shard's
             }
-            self._nbytes[device_type] = sum(storages.values())
+            self._nbytes[device_type] = sum(held.values())
         return self._nbytes[device_type]
 
     def set_attr(self, obj: object, name: str, value: object) -> None:
