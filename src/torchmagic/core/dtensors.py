@@ -27,9 +27,11 @@ def storages(t: torch.Tensor) -> Iterator[tuple[tuple[torch.device, int], int]]:
     """((device, data pointer), bytes) of each storage ``t`` keeps alive on this rank:
     its own, or those of the tensors a wrapper subclass holds (a DTensor's local shard)."""
     if is_traceable_wrapper_subclass(t):
-        inner, _ = t.__tensor_flatten__()
-        for name in inner:
-            yield from storages(getattr(t, name))
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # a DTensor also lists its device mesh
+                yield from storages(inner)
         return
     storage = t.untyped_storage()
     yield (t.device, storage.data_ptr()), storage.nbytes()
