@@ -210,6 +210,16 @@ def test_resume_then_a_hand_fully_shard_refuses_the_step(group, tmp_path):
     assert same(opt, before)
 
 
+def test_a_sharded_model_is_not_saved_as_one_file(group, tmp_path):
+    model = net()
+    tm = torchmagic.Session(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    tm.shard(shard)
+    with pytest.raises(torchmagic.TorchMagicError, match="fully_shard has sharded it") as refusal:
+        tm.save(tmp_path / "run.pt")
+    assert "torch.distributed.checkpoint" in str(refusal.value) and "\n" not in str(refusal.value)
+    assert list(tmp_path.iterdir()) == [tmp_path / "store"]
+
+
 # -- DDP wrappers the session was not given -------------------------------------------
 
 

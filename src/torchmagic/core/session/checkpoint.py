@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 def save(session: Session, path: str | os.PathLike, model: str | None, sync: bool) -> SaveReport:
     target = session.bound(model)
+    distributed.refuse_sharded_save(session, target, os.fspath(path))
     payload = checkpoint_file.capture(
         target,
         session._history.applied(target.model),

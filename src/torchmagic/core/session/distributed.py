@@ -1,6 +1,6 @@
 """The Session on several processes: its model sharded with FSDP2 (the optimizer
-following, see ``core.sharding``), and what a resume checks first so that a sharded run
-continues the one documented way."""
+following, see ``core.sharding``), and what a save and a resume check first so that a
+sharded run continues the one documented way."""
 
 from __future__ import annotations
 
@@ -55,4 +55,17 @@ def refuse_sharded_resume(session: Session, target: edits.BoundModel, path: str)
             f"cannot resume from '{path}': fully_shard has already sharded "
             f"'{target.model_name}'; build it unsharded and let torchmagic call your "
             f"fully_shard after the replay, {sharding.SHARD_CALL}; nothing was changed"
+        )
+
+
+def refuse_sharded_save(session: Session, target: edits.BoundModel, path: str) -> None:
+    """A save file holds whole tensors for one process: a sharded model's would hold this
+    rank's DTensors and a sharded class, which nothing can resume."""
+    how = distributed.sharded_by(target.model, session.workspace.items())
+    if how is not None:
+        raise TorchMagicError(
+            f"cannot save '{target.model_name}' to '{path}': {how} has sharded it, and the "
+            "file holds whole tensors for one process; save before sharding, or save the "
+            "sharded run with torch.distributed.checkpoint (dcp.save); nothing was written",
+            param="path",
         )
