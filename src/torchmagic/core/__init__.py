@@ -5,6 +5,7 @@ from .distributed import rewrap
 from .errors import TorchMagicError
 from .export import ExportReport
 from .session import Session, SessionConfig, resume
+from .sharding import ShardReport
 from .surgery.results import (
     Change,
     Counts,
@@ -26,6 +27,7 @@ __all__ = [
     "SaveReport",
     "Session",
     "SessionConfig",
+    "ShardReport",
     "SummaryReport",
     "SummaryRow",
     "TorchMagicError",
