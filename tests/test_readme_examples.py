@@ -69,6 +69,10 @@ SKIP = {
     # fp16 autocast is refused on the CPU by design (tests/test_amp.py); it needs CUDA.
     # The magic and its Python call are skipped; %amp off after it still runs.
     'tm.amp_on("fp16")': "fp16 autocast needs a CUDA device",
+    # FSDP2 needs the process group and device mesh torchrun's ranks make; the path runs
+    # on two gloo ranks in tests/test_fsdp_resume.py (slow).
+    "shard=shard)   # every rank": "fully_shard needs torchrun's process group",
+    "report = tm.shard(shard)": "fully_shard needs torchrun's process group",
 }
 
 # Code a reader would have run before the example, each with why.
