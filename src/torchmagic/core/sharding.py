@@ -201,9 +201,11 @@ def guard_unsharded_steps(model: nn.Module, opt: torch.optim.Optimizer | None) -
     ref = weakref.ref(model)
 
     def refuse_unsharded_step(optimizer: torch.optim.Optimizer, _args: tuple, _kw: dict) -> None:
-        held = [p for g in optimizer.param_groups for p in g["params"]]
+        groups = optimizer.param_groups
+        if any(p.grad is not None for g in groups for p in g["params"]):
+            return
         live = ref()
-        if live is None or any(p.grad is not None for p in held) or any(map(is_dtensor, held)):
+        if live is None or any(is_dtensor(p) for g in groups for p in g["params"]):
             return
         if any(is_dtensor(p) for p in live.parameters()):
             raise TorchMagicError(
