@@ -15,7 +15,7 @@ from ..choices import POLICIES
 from ..errors import TorchMagicError
 from ..surgery import edits, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
-from ..surgery.counting import count, describe_groups, group_keys
+from ..surgery.counting import describe_groups, group_keys
 from ..surgery.grammar import LrSpec, Target, check_positive, parse_targets, spread_lrs
 from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
@@ -43,23 +43,23 @@ def run(
     notes = distributed.check_surgery(action, target.model, session.workspace.items())
 
     def apply(tx: Transaction) -> Change:
-        before = count(target.model)
+        before = edits.measure(target)
         groups_before = group_keys(target.optimizer)
-        state_before = edits.fingerprint(target)
         effect = step(tx)
+        after = edits.measure(target)
         return Change(
             action=action,
             command=command,
             model_name=target.model_name,
             effect=replace(effect, notes=effect.notes + notes),
-            before=before,
-            after=count(target.model),
+            before=before.counts,
+            after=after.counts,
             optimizer_name=target.optimizer_name,
             groups=describe_groups(
                 target.optimizer, groups_before, target.schedulers, target.names
             ),
             dry_run=dry_run,
-            unchanged=edits.fingerprint(target) == state_before,
+            unchanged=after.state == before.state,
         )
 
     change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))

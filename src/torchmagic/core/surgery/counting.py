@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,18 +18,34 @@ from .results import Counts, GroupInfo
 GroupKey = tuple[int, tuple[int, ...], float, float | None]
 
 
-def count(model: nn.Module) -> Counts:
-    """Totals in one walk of the tree (tied parameters and shared buffers once)."""
+@dataclass(frozen=True)
+class Scan:
+    """One walk of a model: its totals, and what a surgery command can change in it —
+    each module's identity, mode and pre-hooks, each parameter's identity, trainability
+    and optimizer membership (compared before and after a command)."""
+
+    counts: Counts
+    modules: tuple[tuple[int, bool, int], ...]
+    parameters: tuple[tuple[int, bool, bool], ...]
+
+
+def scan(model: nn.Module, held: Container[int] = ()) -> Scan:
+    """:class:`Scan` of ``model``; ``held``: the ids of the parameters an optimizer holds.
+    One walk for everything a command measures: on a 700-module model every extra walk
+    costs about a millisecond."""
     seen: set[int] = set()
-    total = trainable = tensors = param_bytes = buffer_bytes = 0
+    modules: list[tuple[int, bool, int]] = []
+    parameters: list[tuple[int, bool, bool]] = []
+    total = trainable = param_bytes = buffer_bytes = 0
     for module in walk(model):
+        modules.append((id(module), module.training, len(module._forward_pre_hooks)))
         for p in module._parameters.values():
             if p is None or id(p) in seen:
                 continue
             seen.add(id(p))
+            parameters.append((id(p), p.requires_grad, id(p) in held))
             n = p.numel()
             total += n
-            tensors += 1
             param_bytes += nbytes(p)
             if p.requires_grad:
                 trainable += n
@@ -36,7 +53,13 @@ def count(model: nn.Module) -> Counts:
             if b is not None and id(b) not in seen:
                 seen.add(id(b))
                 buffer_bytes += nbytes(b)
-    return Counts(total, trainable, tensors, param_bytes, buffer_bytes)
+    counts = Counts(total, trainable, len(parameters), param_bytes, buffer_bytes)
+    return Scan(counts, tuple(modules), tuple(parameters))
+
+
+def count(model: nn.Module) -> Counts:
+    """Totals in one walk of the tree (tied parameters and shared buffers once)."""
+    return scan(model).counts
 
 
 def group_key(group: dict) -> GroupKey:

@@ -18,9 +18,9 @@ from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
 from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync, ties
-from .counting import group_keys
+from .counting import group_keys, scan
 from .optimizer_sync import OptimizerEditor, group_index, group_label
-from .results import Effect
+from .results import Counts, Effect
 from .selection import Block, Selection
 from .transaction import Transaction
 
@@ -95,14 +95,26 @@ def _states(
     return states
 
 
-def fingerprint(target: BoundModel) -> tuple:
-    """Everything a surgery command can change in the model and its optimizer, so that a
-    command that changed nothing can say so (and leave no history entry)."""
-    return (
-        _states(target.model, [Block("", target.model)], target.optimizer),
+@dataclass(frozen=True)
+class Measured:
+    """A model's totals, and everything a surgery command can change in the model and its
+    optimizer (``state``: compared after the command, so that one that changed nothing can
+    say so and leave no history entry)."""
+
+    counts: Counts
+    state: tuple
+
+
+def measure(target: BoundModel) -> Measured:
+    held = group_index(target.optimizer) if target.optimizer is not None else {}
+    walked = scan(target.model, held)
+    state = (
+        walked.modules,
+        walked.parameters,
         tuple(group_keys(target.optimizer).values()),
         tuple(peft.enabled(layer) for _, layer in peft.lora_layers(target.model)),
     )
+    return Measured(walked.counts, state)
 
 
 def _effect(
