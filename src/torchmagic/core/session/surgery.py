@@ -13,6 +13,7 @@ from .. import distributed
 from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
+from ..integrations import discovery
 from ..surgery import edits, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import count, describe_groups, group_keys
@@ -232,6 +233,11 @@ def add_lora(
     lr = None if lr is None else check_positive(lr, "lr")
     texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
     target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    later = (
+        discovery.optimizers_to_come(session.workspace.items(), target.model)
+        if target.optimizer is None
+        else []
+    )
     given = {
         "r": options.r,
         "alpha": options.alpha,
@@ -246,7 +252,7 @@ def add_lora(
         command or call("lora", *texts, **given),
         target,
         dry_run,
-        lambda tx: lora.add(target, selection, options, lr, tx),
+        lambda tx: lora.add(target, selection, options, lr, tx, later),
         replay_of(session.workspace, "lora", texts, (), **given),
     )
 

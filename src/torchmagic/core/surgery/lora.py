@@ -155,9 +155,11 @@ def add(
     options: LoraOptions,
     lr: float | None,
     tx: Transaction,
+    later: Sequence[str] = (),
 ) -> Effect:
     """Adapt the selected layers with LoRA made with ``options``; the adapters train in
-    a new group at base lr ``lr`` (default: the head group's base lr)."""
+    a new group at base lr ``lr`` (default: the head group's base lr). ``later``: what
+    will build an optimizer for the model later (said in the notes)."""
     opt = target.optimizer
     if opt is None and lr is not None:
         raise TorchMagicError(
@@ -195,6 +197,7 @@ def add(
         f"{options.scale:g}); the base weights of {len(made)} layer(s) frozen; outputs "
         "unchanged (B starts at zero)",
         *(f"EMA copy `{path}`: the same adapters (copies)" for path, _ in target.ema_copies),
+        *later,
     )
     return Effect(tuple(n for n, _, _ in made), _numel(adapters), freed, notes=notes)
 
