@@ -97,6 +97,7 @@ CASES = [
     ("llama q,v", llama, "q_proj,v_proj", ["q_proj", "v_proj"], {}),
     ("llama dora", llama, "q_proj,v_proj", ["q_proj", "v_proj"], {"use_dora": True}),
     ("llama rslora", llama, ["q_proj", "v_proj"], ["q_proj", "v_proj"], {"use_rslora": True}),
+    ("llama bf16", lambda: llama().to(torch.bfloat16), "q_proj,v_proj", ["q_proj", "v_proj"], {}),
 ]
 
 
@@ -120,6 +121,7 @@ def test_adapters_train_merge_and_undo_as_peft_does(build, targets, peft_targets
     counts = tm.summary().counts
     assert (counts.trainable, counts.total) == (trainable, total)
     same_weights(model, twin)
+    assert {p.dtype for p in peft_room.adapters_of(model)} == {torch.float32}
     train(model, opt)
     train(twin, twin_opt)
     same_weights(model, twin)

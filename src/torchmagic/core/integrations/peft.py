@@ -13,12 +13,14 @@ peft has been imported already, so every question first looks in ``sys.modules``
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import TorchMagicError
@@ -189,6 +191,7 @@ def make_lora_layer(base: nn.Module, adapter: str, options: LoraOptions) -> nn.M
     stored in x out) and stays the base layer, so a merge gives it back."""
     peft = load()
     from peft.tuners.lora import layer
+    from peft.tuners.tuners_utils import cast_adapter_dtype
 
     conv1d = is_conv1d(base)
     config = peft.LoraConfig(
@@ -201,10 +204,23 @@ def make_lora_layer(base: nn.Module, adapter: str, options: LoraOptions) -> nn.M
     )
     kwargs: dict[str, Any] = {"r": options.r, "lora_alpha": options.alpha}
     if conv1d:
-        return layer.Linear(base, adapter, config=config, is_target_conv_1d_layer=True, **kwargs)
-    kinds = ((nn.Linear, layer.Linear), (nn.Conv2d, layer.Conv2d), (nn.Embedding, layer.Embedding))
-    cls: Any = next(lora for kind, lora in kinds if isinstance(base, kind))
-    return cls(base, adapter, config=config, **kwargs)
+        kwargs["is_target_conv_1d_layer"] = True
+        cls: Any = layer.Linear
+    else:
+        kinds = (
+            (nn.Linear, layer.Linear),
+            (nn.Conv2d, layer.Conv2d),
+            (nn.Embedding, layer.Embedding),
+        )
+        cls = next(lora for kind, lora in kinds if isinstance(base, kind))
+    # peft makes the adapters on the CPU, then moves them to the base layer's device; on
+    # the meta device (a 70B-shaped model) they are made there: no memory, no arithmetic
+    on_meta = any(p.is_meta for p in base.parameters(recurse=False))
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        made = cls(base, adapter, config=config, **kwargs)
+    # as get_peft_model does: adapters of a bf16 / fp16 layer train in float32
+    cast_adapter_dtype(made, adapter_name=adapter, autocast_adapter_dtype=True)
+    return made
 
 
 def base_of(layer: Any) -> nn.Module:
