@@ -242,3 +242,20 @@ def test_magics_take_peft_spelling_dora_and_rslora(ip):
     ip.run_line_magic("tm", "undo")
     ip.run_line_magic("tm", "undo")
     assert not peft_room.lora_layers(model)
+
+
+def test_a_bitsandbytes_layer_is_refused_and_nothing_changes():
+    class Linear4bit(nn.Linear):  # bitsandbytes' class, by the package it comes from
+        pass
+
+    Linear4bit.__module__ = "bitsandbytes.nn.modules"
+    model = llama()
+    attention = model.model.layers[1].self_attn
+    attention.v_proj = Linear4bit(32, 16, bias=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tm = Session(model, opt)
+    flags = [p.requires_grad for p in model.parameters()]
+    with pytest.raises(ValueError, match="layers.1.self_attn.v_proj is a bitsandbytes Linear4bit"):
+        tm.lora("q_proj,v_proj")
+    assert not peft_room.lora_layers(model) and type(attention.v_proj) is Linear4bit
+    assert [p.requires_grad for p in model.parameters()] == flags and not tm.history()

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from .classes import package_of
 
 # The attribute path from a PeftModel to the user's model.
 WRAPPER_PATH = ("base_model", "model")
@@ -130,6 +131,13 @@ def _conv1d_class() -> type | None:
 def is_conv1d(module: object) -> bool:
     cls = _conv1d_class()
     return cls is not None and isinstance(module, cls)
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """A bitsandbytes 4-bit / 8-bit layer (a Linear subclass whose weight is packed):
+    peft adapts it with its own quantized layers, which only ``get_peft_model`` picks."""
+    weight = getattr(module, "weight", None)
+    return any(package_of(obj) == "bitsandbytes" for obj in (module, weight))
 
 
 def adaptable(module: object) -> bool:

@@ -102,6 +102,13 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
                 param="targets",
             )
         for name, module in hits:
+            if peft.is_quantized(module):
+                raise TorchMagicError(
+                    f"{name} is a bitsandbytes {_kind(module)} (quantized weights): its LoRA "
+                    "layer is peft's quantized one; build the model with peft's "
+                    "get_peft_model and use the PeftModel",
+                    param="targets",
+                )
             found.setdefault(name, module)
     return list(found.items())
 
