@@ -217,7 +217,7 @@ def test_default_lr_is_the_head_groups_base_lr():
 @pytest.mark.parametrize(
     ("targets", "options", "match"),
     [
-        (("blocks.0.norm1",), {}, "LayerNorm: LoRA adapts Linear, Conv2d or Embedding"),
+        (("blocks.0.norm1",), {}, "LayerNorm: LoRA adapts Linear, Conv1D, Conv2d or Embedding"),
         (("*.nothing",), {}, "matches no module"),
         (("blocks.0.attn.qkv",), {"r": 0}, "r must be a positive integer"),
         (("blocks.0.attn.qkv",), {"alpha": -1}, "alpha must be"),
@@ -241,7 +241,7 @@ def test_an_adapted_layer_twice_and_merge_without_adapters_are_refused():
     tm.lora("blocks.0.attn.qkv", "blocks.0.attn.proj")
     with pytest.raises(ValueError, match="already has LoRA adapters"):
         tm.lora("blocks.0.attn.qkv")
-    with pytest.raises(ValueError, match="no Linear, Conv2d or Embedding outside LoRA layers"):
+    with pytest.raises(ValueError, match="no Linear, Conv1D, Conv2d or Embedding outside LoRA"):
         tm.lora("blocks.0.attn")
     tm.undo()
     with pytest.raises(ValueError, match="has no LoRA adapters"):

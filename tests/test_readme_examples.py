@@ -73,6 +73,9 @@ SKIP = {
     # on two gloo ranks in tests/test_fsdp_resume.py (slow).
     "shard=shard)   # every rank": "fully_shard needs torchrun's process group",
     "report = tm.shard(shard)": "fully_shard needs torchrun's process group",
+    # An 8B language model's weights (a download) on GPUs; the same commands run on a
+    # 70B-shaped model on the meta device in tests/test_lora_meta.py.
+    '"meta-llama/Llama-3.1-8B"': "downloads an 8B model and spreads it over GPUs",
 }
 
 # Code a reader would have run before the example, each with why.

@@ -144,7 +144,7 @@ def line_usage(name: str, func) -> str:
     if table.other is not None:
         named.insert(0, table.other)
     body = " | ".join(subcommand_usage(name, func, e).removeprefix(prefix) for e in named)
-    claimed = {o for e in table.entries for o in e.options}
+    claimed = {o for e in named for o in e.options}
     rest = [option_usage(a) for a in _actions(func) if a.option_strings]
     rest = [u for u in rest if u.split()[0].strip("[]") not in claimed]
     return " ".join([prefix + (f"[{body}]" if "" in table.by_name else body), *rest])

@@ -228,6 +228,8 @@ class SurgeryMagics(TopicMagics):
         result = self.session.lora(
             *targets,
             **options,
+            use_dora=args.use_dora,
+            use_rslora=args.use_rslora,
             optimizer=args.optimizer,
             dry_run=args.dry_run,
             command=f"%lora {shlex.join(words)}",  # globs quoted, as typed
@@ -256,7 +258,20 @@ class SurgeryMagics(TopicMagics):
         "words",
         nargs="*",
         metavar="TARGETS | merge | off | on",
-        help="layers to adapt, then optional r=N alpha=X dropout=P lr=X; or merge, off, on",
+        help="layers to adapt (paths, globs, or peft's name endings q_proj,v_proj), then "
+        "optional r=N alpha=X dropout=P lr=X; or merge, off, on",
+    )
+    @argument(
+        "--dora",
+        dest="use_dora",
+        action="store_true",
+        help="DoRA: a trained magnitude per output beside the low-rank direction (peft's use_dora)",
+    )
+    @argument(
+        "--rslora",
+        dest="use_rslora",
+        action="store_true",
+        help="rank-stabilised scale alpha / sqrt(r) instead of alpha / r (peft's use_rslora)",
     )
     @OPT
     @DRY_RUN
@@ -275,18 +290,20 @@ class SurgeryMagics(TopicMagics):
         other=Subcommand(
             "*",
             _lora_add,
-            "add LoRA adapters to the Linear / Conv2d / Embedding layers named or inside",
+            "add LoRA adapters to the Linear / Conv1D / Conv2d / Embedding layers named or inside",
             words="TARGETS [r=N] [alpha=X] [dropout=P] [lr=X]",
             arity=(1, 1000),
-            options=("--opt", "--dry-run"),
+            options=("--dora", "--rslora", "--opt", "--dry-run"),
         ),
     )
     @line_magic
     def lora(self, line: str) -> None:
-        """Low-rank adapters (peft's LoRA layers) on the Linear / Conv2d / Embedding layers, in
-        place: their base weights freeze and leave the optimizer (state kept for undo), the
-        adapters train in a new group lora at base lr X (default: the head group's), outputs
-        unchanged; merge folds them into the weights, off/on switch them; each undoable."""
+        """Low-rank adapters (peft's LoRA layers; DoRA, rsLoRA) on the Linear / Conv1D /
+        Conv2d / Embedding layers, in place: their base weights freeze and leave the optimizer
+        (state kept for undo), the adapters train in a new group lora at base lr X (default:
+        the head group's), outputs unchanged. Targets as peft writes them work too: q_proj,v_proj
+        (or a name that is no path, c_attn) adapts every module whose path ends so. merge
+        folds them into the weights, off/on switch them; each undoable."""
         args = parse(self.lora, line)
         with self.interrupts(f"%lora {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.lora, args.words, args))

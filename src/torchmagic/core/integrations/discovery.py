@@ -36,6 +36,7 @@ _ROOMS = {
     "lightning_fabric": "lightning",
     "torch": "ema",
     "timm": "ema",
+    "transformers": "transformers",
 }
 
 # never searched inside: their insides are not where users keep their objects
@@ -141,3 +142,16 @@ def rebuilt_by(found: Found) -> str | None:
     if rebuilds is None or not rebuilds(found.owner):
         return None
     return known.REBUILT  # type: ignore[union-attr]
+
+
+def optimizers_to_come(items: Iterable[tuple[str, object]], model: nn.Module) -> list[str]:
+    """What the user's objects that build an optimizer for ``model`` later (a
+    transformers Trainer before its first ``train()``) will build, each by its name."""
+    found = []
+    for name, value in items:
+        known = room(value)
+        plan = getattr(known, "optimizer_to_come", None)
+        text = plan(value, model) if plan is not None else None
+        if text is not None:
+            found.append(f"`{name}` {text}")
+    return found

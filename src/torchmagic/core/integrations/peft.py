@@ -13,13 +13,18 @@ peft has been imported already, so every question first looks in ``sys.modules``
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from .classes import package_of
 
 # The attribute path from a PeftModel to the user's model.
 WRAPPER_PATH = ("base_model", "model")
@@ -109,8 +114,35 @@ def original_of(model: nn.Module, name: str) -> str | None:
 
 # -- LoRA layers (peft's tuner layers, made and merged here for core.surgery.lora) --------
 
-# The layer types LoRA adapts here (peft's tuner layers for them).
+# The torch layer types LoRA adapts here (peft's tuner layers for them); transformers'
+# ``Conv1D`` too, when transformers is imported (:func:`adaptable`).
 ADAPTABLE = (nn.Linear, nn.Conv2d, nn.Embedding)
+KINDS = "Linear, Conv1D, Conv2d or Embedding"
+
+
+def _conv1d_class() -> type | None:
+    """transformers' ``Conv1D`` (GPT-2's Linear with its weight stored in x out), if that
+    module is imported; a model holding one has imported it."""
+    owner = sys.modules.get("transformers.pytorch_utils")
+    cls = getattr(owner, "Conv1D", None) if owner is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def is_conv1d(module: object) -> bool:
+    cls = _conv1d_class()
+    return cls is not None and isinstance(module, cls)
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """A bitsandbytes 4-bit / 8-bit layer (a Linear subclass whose weight is packed):
+    peft adapts it with its own quantized layers, which only ``get_peft_model`` picks."""
+    weight = getattr(module, "weight", None)
+    return any(package_of(obj) == "bitsandbytes" for obj in (module, weight))
+
+
+def adaptable(module: object) -> bool:
+    """Whether peft's LoRA adapts this layer type: Linear, Conv2d, Embedding, Conv1D."""
+    return isinstance(module, ADAPTABLE) or is_conv1d(module)
 
 
 def load() -> ModuleType:
@@ -143,18 +175,60 @@ def adapter_name(model: nn.Module) -> str:
     return "default"
 
 
-def make_lora_layer(
-    base: nn.Module, adapter: str, r: int, alpha: float, dropout: float
-) -> nn.Module:
-    """peft's LoRA layer around ``base`` (a Linear, Conv2d or Embedding); B (an
-    Embedding's A) starts at zero: same outputs."""
+@dataclass(frozen=True)
+class LoraOptions:
+    """What a LoRA layer is made with, as peft's ``LoraConfig`` names it: rank ``r``,
+    scale ``alpha / r`` (``alpha / sqrt(r)`` with ``use_rslora``), dropout on the input,
+    and DoRA's magnitude vector with ``use_dora``."""
+
+    r: int
+    alpha: float
+    dropout: float = 0.0
+    use_dora: bool = False
+    use_rslora: bool = False
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+
+
+def make_lora_layer(base: nn.Module, adapter: str, options: LoraOptions) -> nn.Module:
+    """peft's LoRA layer around ``base`` (a Linear, Conv1D, Conv2d or Embedding), made as
+    ``get_peft_model`` makes it; B (an Embedding's A) starts at zero: same outputs. A
+    Conv1D goes through peft's Linear layer with ``fan_in_fan_out`` (its weight is
+    stored in x out) and stays the base layer, so a merge gives it back."""
     peft = load()
     from peft.tuners.lora import layer
+    from peft.tuners.tuners_utils import cast_adapter_dtype
 
-    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout)
-    kinds = ((nn.Linear, layer.Linear), (nn.Conv2d, layer.Conv2d), (nn.Embedding, layer.Embedding))
-    cls: Any = next(lora for kind, lora in kinds if isinstance(base, kind))
-    return cls(base, adapter, config=config, r=r, lora_alpha=alpha, lora_dropout=dropout)
+    conv1d = is_conv1d(base)
+    config = peft.LoraConfig(
+        r=options.r,
+        lora_alpha=options.alpha,
+        lora_dropout=options.dropout,
+        use_dora=options.use_dora,
+        use_rslora=options.use_rslora,
+        fan_in_fan_out=conv1d,
+    )
+    kwargs: dict[str, Any] = {"r": options.r, "lora_alpha": options.alpha}
+    if conv1d:
+        kwargs["is_target_conv_1d_layer"] = True
+        cls: Any = layer.Linear
+    else:
+        kinds = (
+            (nn.Linear, layer.Linear),
+            (nn.Conv2d, layer.Conv2d),
+            (nn.Embedding, layer.Embedding),
+        )
+        cls = next(lora for kind, lora in kinds if isinstance(base, kind))
+    # peft makes the adapters on the CPU, then moves them to the base layer's device; on
+    # the meta device (a 70B-shaped model) they are made there: no memory, no arithmetic
+    on_meta = any(p.is_meta for p in base.parameters(recurse=False))
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        made = cls(base, adapter, config=config, **kwargs)
+    # as get_peft_model does: adapters of a bf16 / fp16 layer train in float32
+    cast_adapter_dtype(made, adapter_name=adapter, autocast_adapter_dtype=True)
+    return made
 
 
 def base_of(layer: Any) -> nn.Module:

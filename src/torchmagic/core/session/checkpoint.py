@@ -21,6 +21,7 @@ from ..export import ExportReport, python_call
 from ..export import script as write_script
 from ..export import write as write_text
 from ..surgery import edits, scheduler_sync
+from ..surgery.grammar import parse_target
 from ..surgery.results import Replay
 from . import distributed, names
 
@@ -93,7 +94,9 @@ def _replay_call(session: Session, target: edits.BoundModel, call: Replay, comma
         lrs = dict(options["lrs"])
         session.set_base_lrs(lrs, model=name, optimizer=opt, command=command)
     elif call.method == "lora":
-        session.lora(*on_model(call.targets), optimizer=opt, command=command, **options)
+        # peft's name endings are relative to the model the first target names
+        texts = [p if p and parse_target(p).suffixes else on_model([p])[0] for p in call.targets]
+        session.lora(name, *texts, optimizer=opt, command=command, **options)
     elif call.method == "merge_lora":
         session.merge_lora(name, optimizer=opt, command=command)
     elif call.method in ("lora_off", "lora_on"):

@@ -78,21 +78,33 @@ class SurgeryFacade(SessionPart):
 
     def lora(
         self,
-        *targets: str,
+        *targets: str | Sequence[str],
         r: int = 8,
         alpha: float = 16,
         dropout: float = 0.0,
+        use_dora: bool = False,
+        use_rslora: bool = False,
         lr: float | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: Command | None = None,
     ) -> Change:
-        """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``) on the
-        Linear / Conv2d / Embedding layers ``targets`` name or contain, in place: their base weights
-        stop training and leave the optimizer, the adapters train in a new ``lora`` group
-        at base lr ``lr`` (default: the head group's base lr). See ``core.surgery.lora``."""
+        """Low-rank adapters (peft's LoRA layers, rank ``r``, scale ``alpha / r``, or
+        ``alpha / sqrt(r)`` with ``use_rslora``; DoRA with ``use_dora``) on the Linear /
+        Conv1D / Conv2d / Embedding layers ``targets`` name or contain, in place: their
+        base weights stop training and leave the optimizer, the adapters train in a new
+        ``lora`` group at base lr ``lr`` (default: the head group's base lr). A target is
+        the grammar's, or peft's spelling: ``"q_proj,v_proj"`` or a list
+        ``["q_proj", "v_proj"]`` names every module whose path ends so, as does a name
+        that is no path from the root (``"c_attn"``). See ``core.surgery.lora``."""
         return surgery.add_lora(
-            self._session, targets, r, alpha, dropout, lr, optimizer, dry_run, command
+            self._session,
+            targets,
+            (r, alpha, dropout, use_dora, use_rslora),
+            lr,
+            optimizer,
+            dry_run,
+            command,
         )
 
     def merge_lora(

@@ -71,10 +71,15 @@ def bound(
 
 
 def selection(
-    workspace: Workspace, targets: Sequence[str], exclude: Sequence[str], optimizer: str | None
+    workspace: Workspace,
+    targets: Sequence[str],
+    exclude: Sequence[str],
+    optimizer: str | None,
+    suffixes: bool = False,
 ) -> tuple[edits.BoundModel, Selection]:
     """The model ``targets`` name, bound, and the blocks they select in it (less
-    ``exclude``); refuses models surgery cannot edit."""
+    ``exclude``); refuses models surgery cannot edit. ``suffixes``: names that are no
+    path name the modules whose paths end so (peft's habit)."""
     with workspace.pinned():
         parsed = parse_targets(targets) if targets else ()
         excluded = parse_targets(exclude)
@@ -82,7 +87,7 @@ def selection(
         target = bind(workspace, name, model, optimizer, False)
         model_checks.check_editable(target.model, name)
         relative_excluded = [workspace.relative_to(name, t) for t in excluded]
-        return target, select(target.model, relative, relative_excluded)
+        return target, select(target.model, relative, relative_excluded, suffixes)
 
 
 def one_module(

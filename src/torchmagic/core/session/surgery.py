@@ -13,10 +13,18 @@ from .. import distributed
 from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
+from ..integrations import discovery
 from ..surgery import edits, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import describe_groups, group_keys
-from ..surgery.grammar import LrSpec, Target, check_positive, parse_targets, spread_lrs
+from ..surgery.grammar import (
+    LrSpec,
+    Target,
+    check_positive,
+    parse_targets,
+    spread_lrs,
+    suffix_list,
+)
 from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
@@ -211,28 +219,41 @@ def replace_head(
 
 def add_lora(
     session: Session,
-    targets: Sequence[str],
-    r: int,
-    alpha: float,
-    dropout: float,
+    targets: Sequence[str | Sequence[str]],
+    given_options: tuple[int, float, float, bool, bool],
     lr: float | None,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
+    """``given_options``: r, alpha, dropout, use_dora, use_rslora, as the caller gave them."""
+    options = lora.check_options(*given_options)
     if not targets:
         raise TorchMagicError("name the layers to adapt", param="targets")
     lr = None if lr is None else check_positive(lr, "lr")
-    lora.check_options(r, alpha, dropout)
-    target, selection = names.selection(session.workspace, targets, (), optimizer)
+    texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
+    target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    later = (
+        discovery.optimizers_to_come(session.workspace.items(), target.model)
+        if target.optimizer is None
+        else []
+    )
+    given = {
+        "r": options.r,
+        "alpha": options.alpha,
+        "dropout": options.dropout,
+        "use_dora": options.use_dora or None,
+        "use_rslora": options.use_rslora or None,
+        "lr": lr,
+    }
     return run(
         session,
         "lora",
-        command or call("lora", *targets, r=r, alpha=alpha, dropout=dropout, lr=lr),
+        command or call("lora", *texts, **given),
         target,
         dry_run,
-        lambda tx: lora.add(target, selection, r, alpha, dropout, lr, tx),
-        replay_of(session.workspace, "lora", targets, (), r=r, alpha=alpha, dropout=dropout, lr=lr),
+        lambda tx: lora.add(target, selection, options, lr, tx, later),
+        replay_of(session.workspace, "lora", texts, (), **given),
     )
 
 
@@ -372,4 +393,6 @@ def _relative_text(target: Target) -> str:
     """A target relative to its model, as text the grammar parses again ("" : the model)."""
     if target.glob is not None:
         return target.glob
+    if target.suffixes:
+        return suffix_list(target.suffixes)
     return ".".join(segment.text for segment in target.segments)

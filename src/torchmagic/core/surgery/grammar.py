@@ -1,5 +1,6 @@
-"""The command grammar: target paths (``layer1-3``, ``features.0-6``, ``"*.bn*"``) and
-``key=value`` options (``lr=1e-4``, ``lr=1e-5:1e-4``, ``wd=0.01``).
+"""The command grammar: target paths (``layer1-3``, ``features.0-6``, ``"*.bn*"``), peft's
+lists of name endings (``q_proj,v_proj``) and ``key=value`` options (``lr=1e-4``,
+``lr=1e-5:1e-4``, ``wd=0.01``).
 
 A small hand-written parser: user text is matched against fixed patterns and never evaluated.
 """
@@ -54,11 +55,14 @@ class Segment:
 
 @dataclass(frozen=True)
 class Target:
-    """A parsed target: a dotted path of segments, or a glob on qualified names."""
+    """A parsed target: a dotted path of segments, a glob on qualified names, or peft's
+    ``target_modules`` spelling: name endings, each matching every module whose path ends
+    with it component by component (``c_attn`` matches ``transformer.h.0.attn.c_attn``)."""
 
     text: str
     segments: tuple[Segment, ...] = ()
     glob: str | None = None
+    suffixes: tuple[str, ...] = ()
 
     @property
     def head(self) -> str | None:
@@ -81,7 +85,12 @@ class Target:
     @property
     def is_whole(self) -> bool:
         """True when the target names its root itself (no path below it)."""
-        return self.glob is None and not self.segments
+        return self.glob is None and not self.segments and not self.suffixes
+
+
+def is_name(text: str) -> bool:
+    """A Python-style identifier in ASCII: one component of a module path."""
+    return bool(_NAME_RE.match(text))
 
 
 def is_index(text: str) -> bool:
@@ -112,13 +121,42 @@ def parse_segment(text: str, target: str) -> Segment:
     )
 
 
+def parse_suffixes(text: str) -> Target:
+    """peft's spelling ``q_proj,v_proj`` (a trailing comma makes a list of one:
+    ``c_attn,``): dotted names, each a path ending."""
+    names = text.split(",")
+    if len(names) > 1 and not names[-1].strip():
+        names.pop()
+    names = [name.strip() for name in names]
+    for name in names:
+        if not name or not all(is_name(p) or p.isdigit() for p in name.split(".")):
+            raise TorchMagicError(
+                f"bad target '{text}': '{name}' is not a module name (peft's spelling: "
+                "names like q_proj,v_proj, each matching every module whose path ends so)"
+            )
+    return Target(text=text, suffixes=tuple(dict.fromkeys(names)))
+
+
+def suffix_list(names: Sequence[str]) -> str:
+    """``["q_proj", "v_proj"]`` (peft's ``target_modules``) as the text
+    :func:`parse_suffixes` reads back: ``q_proj,v_proj``, or ``c_attn,`` for one name."""
+    if isinstance(names, str) or not names or not all(isinstance(n, str) for n in names):
+        raise TorchMagicError(
+            f"a list of targets holds module names, got {names!r}", param="targets"
+        )
+    return ",".join(names) + ("," if len(names) == 1 else "")
+
+
 def parse_target(text: str) -> Target:
-    """Parse ``model.layer1-3``, ``features.0-6``, ``-1`` or a glob such as ``*.bn*``."""
+    """Parse ``model.layer1-3``, ``features.0-6``, ``-1``, a glob such as ``*.bn*`` or
+    peft's ``q_proj,v_proj``."""
     text = text.strip()
     if not text:
         raise TorchMagicError("empty target")
     if any(c in _GLOB_CHARS for c in text):
         return Target(text=text, glob=text)
+    if "," in text:
+        return parse_suffixes(text)
     parts = text.split(".")
     if any(not p for p in parts):
         raise TorchMagicError(f"bad target '{text}': empty part between dots")

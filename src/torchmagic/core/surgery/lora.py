@@ -1,8 +1,9 @@
 """LoRA as surgery: peft's low-rank adapters put into the live model in place, merged into
 it, or switched off and on, with the optimizer kept in step.
 
-- ``add``: each targeted ``Linear`` / ``Conv2d`` is wrapped in peft's LoRA layer (B starts
-  at zero: outputs are unchanged). Only the targeted layers change trainability: their
+- ``add``: each targeted ``Linear`` / ``Conv1D`` / ``Conv2d`` / ``Embedding`` is wrapped
+  in peft's LoRA layer, as ``get_peft_model`` wraps it (B starts at zero: outputs are
+  unchanged; DoRA and rsLoRA as options). Only the targeted layers change trainability: their
   base weight and bias stop training and leave the optimizer (state set aside for undo,
   as a freeze does); the adapters join one new param group at a base lr, following the
   head group's schedule as a new ``unfreeze`` group does.
@@ -25,6 +26,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..integrations.peft import LoraOptions
 from ..modules import parent_of, unique_parameters
 from . import optimizer_sync, scheduler_sync
 from .edits import BoundModel, _drop_grads, _numel, _set_requires_grad, head_group
@@ -66,7 +68,7 @@ def _uncalled(model: nn.Module) -> set[str]:
 
 def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
     """The layers LoRA adapts in ``selection``: each block that is one of
-    :data:`peft.ADAPTABLE`, and those inside the others. A block with none, or already
+    :func:`peft.adaptable`, and those inside the others. A block with none, or already
     adapted, is refused."""
     model = selection.model
     inside = _inside_lora(model)
@@ -85,13 +87,13 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
         hits = [
             (n, m)
             for n, m in modules
-            if isinstance(m, peft.ADAPTABLE)
+            if peft.adaptable(m)
             and n not in inside
             and n not in uncalled
             and not peft.is_lora_layer(m)
         ]
         if not hits:
-            kinds = "Linear, Conv2d or Embedding"
+            kinds = peft.KINDS
             what = f"a {_kind(block.module)}"
             if block.module._modules:
                 what += f" with no {kinds} outside LoRA layers"
@@ -100,17 +102,31 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
                 param="targets",
             )
         for name, module in hits:
+            if peft.is_quantized(module):
+                raise TorchMagicError(
+                    f"{name} is a bitsandbytes {_kind(module)} (quantized weights): its LoRA "
+                    "layer is peft's quantized one; build the model with peft's "
+                    "get_peft_model and use the PeftModel",
+                    param="targets",
+                )
             found.setdefault(name, module)
     return list(found.items())
 
 
-def check_options(r: int, alpha: float, dropout: float) -> None:
+def check_options(
+    r: int, alpha: float, dropout: float, use_dora: bool = False, use_rslora: bool = False
+) -> LoraOptions:
+    """The options, checked, as one :class:`LoraOptions`."""
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise TorchMagicError(f"r must be a positive integer, got {r!r}", param="r")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
         raise TorchMagicError(f"alpha must be a positive number, got {alpha!r}", param="alpha")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise TorchMagicError(f"dropout must be in [0, 1), got {dropout!r}", param="dropout")
+    for key, flag in (("use_dora", use_dora), ("use_rslora", use_rslora)):
+        if not isinstance(flag, bool):
+            raise TorchMagicError(f"{key} must be True or False, got {flag!r}", param=key)
+    return LoraOptions(r, alpha, dropout, use_dora, use_rslora)
 
 
 def _record(layer: nn.Module, flags: tuple[bool, ...] | None, tx: Transaction) -> None:
@@ -143,15 +159,14 @@ def _group_name(opt: torch.optim.Optimizer) -> str:
 def add(
     target: BoundModel,
     selection: Selection,
-    r: int,
-    alpha: float,
-    dropout: float,
+    options: LoraOptions,
     lr: float | None,
     tx: Transaction,
+    later: Sequence[str] = (),
 ) -> Effect:
-    """Adapt the selected layers with rank-``r`` LoRA (scale ``alpha / r``); the adapters
-    train in a new group at base lr ``lr`` (default: the head group's base lr)."""
-    check_options(r, alpha, dropout)
+    """Adapt the selected layers with LoRA made with ``options``; the adapters train in
+    a new group at base lr ``lr`` (default: the head group's base lr). ``later``: what
+    will build an optimizer for the model later (said in the notes)."""
     opt = target.optimizer
     if opt is None and lr is not None:
         raise TorchMagicError(
@@ -160,10 +175,7 @@ def add(
         )
     layers = targets(selection)
     adapter = peft.adapter_name(target.model)
-    made = [
-        (name, base, peft.make_lora_layer(base, adapter, r, alpha, dropout))
-        for name, base in layers
-    ]
+    made = [(name, base, peft.make_lora_layer(base, adapter, options)) for name, base in layers]
     bases = unique_parameters(base for _, base, _ in made)
     adapters = [p for _, _, layer in made for p in peft.adapter_parameters(layer)]
     freed = 0
@@ -183,23 +195,31 @@ def add(
         parent, attr = parent_of(target.model, name)
         tx.set_attr(parent, attr, layer)
     for _, copy in target.ema_copies:
-        _adapt_copy(copy, [(n, layer) for n, _, layer in made], adapter, (r, alpha, dropout), tx)
+        _adapt_copy(copy, [(n, layer) for n, _, layer in made], adapter, options, tx)
     if opt is not None:
         index = editor.add_group(adapters, name=_group_name(opt), lr=base_lr, template=opt.defaults)
         scheduler_sync.follow(target.schedulers, opt, index, head, base_lr)
     notes = (
-        f"rank {r}, alpha {alpha:g} (scale {alpha / r:g}); the base weights of "
-        f"{len(made)} layer(s) frozen; outputs unchanged (B starts at zero)",
+        f"{_variant(options)} rank {options.r}, alpha {options.alpha:g} (scale "
+        f"{options.scale:g}); the base weights of {len(made)} layer(s) frozen; outputs "
+        "unchanged (B starts at zero)",
         *(f"EMA copy `{path}`: the same adapters (copies)" for path, _ in target.ema_copies),
+        *later,
     )
     return Effect(tuple(n for n, _, _ in made), _numel(adapters), freed, notes=notes)
+
+
+def _variant(options: LoraOptions) -> str:
+    """The adapters' kind, as peft's papers name them: LoRA, DoRA, rsLoRA, rsDoRA."""
+    kind = "DoRA" if options.use_dora else "LoRA"
+    return f"rs{kind}" if options.use_rslora else kind
 
 
 def _adapt_copy(
     copy: nn.Module,
     made: Sequence[tuple[str, nn.Module]],
     adapter: str,
-    options: tuple[int, float, float],
+    options: LoraOptions,
     tx: Transaction,
 ) -> None:
     """The same LoRA layers in an EMA copy, their adapters starting as copies of the
@@ -207,7 +227,7 @@ def _adapt_copy(
     model parameter by parameter."""
     for name, layer in made:
         old = copy.get_submodule(name)
-        twin = peft.make_lora_layer(old, adapter, *options)
+        twin = peft.make_lora_layer(old, adapter, options)
         trains = next((p.requires_grad for p in old.parameters()), False)
         with torch.no_grad():
             pairs = zip(peft.adapter_parameters(twin), peft.adapter_parameters(layer), strict=True)

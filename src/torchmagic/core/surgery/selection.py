@@ -13,7 +13,7 @@ from torch import nn
 from ..errors import TorchMagicError
 from ..modules import unique_parameters, unwrap, walk, wrapper_prefix
 from . import ties
-from .grammar import Segment, Target, is_index
+from .grammar import Segment, Target, is_index, is_name
 
 
 @dataclass(frozen=True)
@@ -123,15 +123,68 @@ def _resolve_glob(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]
     return hits
 
 
-def resolve(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
-    """Modules named by one target (relative to ``model``), in the order given."""
+def _leaves(model: nn.Module) -> list[str]:
+    """The last components of the model's module paths, each once, in order."""
+    return list(dict.fromkeys(n.rpartition(".")[2] for n, _ in model.named_modules() if n))
+
+
+def suffix_hint(model: nn.Module, name: str) -> str:
+    """What to write instead of ``name``: the module names close to its last component,
+    and peft's spelling, which names every module whose path ends so."""
+    close = difflib.get_close_matches(name.rpartition(".")[2], _leaves(model), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return (
+        f"; did you mean {' or '.join(close)}? (a name, or a comma list of names as in "
+        f"{close[0]},{(close[1:] or ['…'])[0]}, adapts every module whose path ends so)"
+    )
+
+
+def _resolve_suffixes(model: nn.Module, suffixes: Sequence[str]) -> list[tuple[str, nn.Module]]:
+    """Every module whose path ends with one of ``suffixes`` component by component, as
+    peft matches ``target_modules``; a name that matches nothing is refused."""
+    exact = set(suffixes)
+    endings = tuple(f".{s}" for s in suffixes)
+    hits = [(n, m) for n, m in model.named_modules() if n in exact or n.endswith(endings)]
+    for suffix in suffixes:
+        if not any(n == suffix or n.endswith(f".{suffix}") for n, _ in hits):
+            raise TorchMagicError(
+                f"no module path ends with '{suffix}'{suffix_hint(model, suffix)}"
+            )
+    return hits
+
+
+def resolve(
+    model: nn.Module, target: Target, suffixes: bool = False
+) -> list[tuple[str, nn.Module]]:
+    """Modules named by one target (relative to ``model``), in the order given.
+    ``suffixes`` (peft's habit, for LoRA): a dotted name that is no path from the root
+    names every module whose path ends with it."""
     model = unwrap(model)
+    if target.suffixes:
+        return _resolve_suffixes(model, target.suffixes)
     if target.glob is not None:
         parts = target.glob.split(".")
-        return _resolve_glob(model, ".".join(parts[wrapper_prefix(model, parts[:-1]) :]))
+        pattern = ".".join(parts[wrapper_prefix(model, parts[:-1]) :])
+        try:
+            return _resolve_glob(model, pattern)
+        except TorchMagicError as error:
+            tail = pattern.replace("*", "").replace("?", "").strip(".")
+            if not suffixes or not tail or not suffix_hint(model, tail):
+                raise
+            raise TorchMagicError(
+                f"pattern '{pattern}' matches no module{suffix_hint(model, tail)}"
+            ) from error
     # Paths written through a wrapper (`model.module.fc`, `base_model.model.blocks.3`) work.
     skipped = wrapper_prefix(model, [s.text for s in target.segments])
-    return _resolve_path(model, Target(target.text, target.segments[skipped:]))
+    relative = Target(target.text, target.segments[skipped:])
+    try:
+        return _resolve_path(model, relative)
+    except TorchMagicError:
+        names = [s.text for s in relative.segments]
+        if not suffixes or not names or not all(is_name(n) or n.isdigit() for n in names):
+            raise
+        return _resolve_suffixes(model, [".".join(names)])
 
 
 def _lineage(name: str) -> list[str]:
@@ -182,18 +235,22 @@ class _Positions:
 
 
 def select(
-    model: nn.Module, targets: Sequence[Target], exclude: Sequence[Target] = ()
+    model: nn.Module,
+    targets: Sequence[Target],
+    exclude: Sequence[Target] = (),
+    suffixes: bool = False,
 ) -> Selection:
     """The blocks named by ``targets`` minus those named by ``exclude``.
 
     No targets means the whole model. Blocks come back in module order, each once, none
     nested in another; a block that contains an excluded module is split into its children.
     Linear in the number of names (each checked against sets of its ancestors).
+    ``suffixes``: a dotted name that is no path names the paths ending so (:func:`resolve`).
     """
     model = unwrap(model)
     picked: dict[str, nn.Module] = {}
     for target in targets or (Target(text=""),):
-        for name, module in resolve(model, target):
+        for name, module in resolve(model, target, suffixes):
             picked.setdefault(name, module)
     excluded = _Names({name for t in exclude for name, _ in resolve(model, t)})
     chosen = _Names(set(picked))
