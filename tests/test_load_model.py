@@ -154,3 +154,35 @@ def test_a_refused_head_in_the_magic_binds_nothing(ip):
     with pytest.raises(UsageError):
         ip.run_line_magic("load_model", "resnet18 --weights none --num-classes 0 --as net")
     assert set(ip.user_ns) == before and "net" not in ip.user_ns
+
+
+class _RunsCode:
+    """Unpickled, it would create a file: the proof that a load ran code."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.flag}",))
+
+
+def test_a_planted_hub_file_is_refused_and_runs_no_code(tmp_path):
+    """``$TORCH_HOME/hub/checkpoints/<resnet18's file>`` holding a pickle that runs code:
+    refused in one line naming the global, the code never run, nothing bound."""
+    import torchmagic
+
+    folder = tmp_path / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    flag = tmp_path / "ran"
+    url = ResNet18_Weights.DEFAULT.url
+    torch.save({"fc.weight": _RunsCode(str(flag))}, folder / url.rsplit("/", 1)[1])
+    ns: dict = {}
+    tm = torchmagic.Session(namespace=ns)
+    with pytest.raises(TorchMagicError) as error:
+        tm.load_model("resnet18", "DEFAULT")
+    message = str(error.value)
+    assert "\n" not in message and "is a pickle" in message
+    assert "posix.system" in message or "os.system" in message
+    assert not flag.exists() and ns == {}

@@ -280,6 +280,16 @@ def _fetch_failed(what: str, name: str, error: BaseException | str, where: str) 
     )
 
 
+def _vetted(url: str, progress: bool) -> None:
+    """The weights at ``url`` in torch's hub cache, read once with ``weights_only=True``
+    (fetched first if absent): torchvision's builders load the cached file with
+    ``load_state_dict_from_url``'s default ``weights_only=False``, so a file planted there
+    must be refused before they see it (``pickle.UnpicklingError``, naming its global)."""
+    torch.hub.load_state_dict_from_url(
+        url, map_location="cpu", progress=progress, check_hash=True, weights_only=True
+    )
+
+
 def _torchvision(name: str, spec: str | None, progress: bool) -> LoadedModel:
     from torchvision import models
 
@@ -289,6 +299,7 @@ def _torchvision(name: str, spec: str | None, progress: bool) -> LoadedModel:
             models.get_model(name, weights=None), name, "torchvision", None, None, None, None
         )
     try:
+        _vetted(weights.url, progress)
         model = models.get_model(name, weights=weights, progress=progress)
     except pickle.UnpicklingError as error:
         raise _unsafe_pickle(f"{type(weights).__name__}.{weights.name}", error) from None
