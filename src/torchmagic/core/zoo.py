@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import torch
 from torch import nn
 
+from . import torch_files
 from .errors import TorchMagicError
 
 SOURCES = ("torchvision", "timm", "hf")
@@ -218,13 +219,9 @@ def _first_line(error: BaseException) -> str:
 
 def _unsafe_pickle(what: str, error: pickle.UnpicklingError) -> TorchMagicError:
     """``torch.load(weights_only=True)`` refused a file: name the object it met."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    met = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), "")
     return TorchMagicError(
-        f"refused to load the weights of {what}: the file is a pickle that "
-        f"torch.load(weights_only=True) does not read"
-        + (f" ({met.rstrip('.')})" if met else "")
-        + "; use a safetensors file, or load it yourself if you trust where it came from",
+        f"refused to load the weights of {what}: {torch_files.load_refusal(error)} "
+        "(use a safetensors file)",
         param="name",
     )
 
