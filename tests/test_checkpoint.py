@@ -251,7 +251,8 @@ def test_refuses_a_truncated_file(saved, tmp_path):
     cut = tmp_path / "cut.pt"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     model, opt, sched = build_net()
-    assert "not a readable torch file (truncated" in _refused(cut, model, opt, [sched])
+    refused = _refused(cut, model, opt, [sched])
+    assert refused.endswith("it is not a readable torch file: truncated, or in another format")
 
 
 def test_refuses_a_file_that_is_not_ours(tmp_path):
@@ -259,10 +260,13 @@ def test_refuses_a_file_that_is_not_ours(tmp_path):
     torch.save({"model": model.state_dict()}, tmp_path / "plain.pt")
     assert "not a torchmagic checkpoint" in _refused(tmp_path / "plain.pt", model, opt, [sched])
     torch.save(model, tmp_path / "pickled.pt")  # a pickled module: weights_only refuses it
-    assert "not a readable torch file" in _refused(tmp_path / "pickled.pt", model, opt, [sched])
+    pickled = _refused(tmp_path / "pickled.pt", model, opt, [sched])
+    assert f"the file holds Python objects or code ({Net.__module__}.Net)" in pickled
     (tmp_path / "notes.txt").write_text("hello")
     assert "not a readable torch file" in _refused(tmp_path / "notes.txt", model, opt, [sched])
-    assert "no such file" in _refused(tmp_path / "missing.pt", model, opt, [sched])
+    assert _refused(tmp_path / "missing.pt", model, opt, [sched]).endswith(": no such file")
+    assert "it is a folder, not a file" in _refused(tmp_path, model, opt, [sched])
+    assert "not a regular file (a device" in _refused("/dev/null", model, opt, [sched])
 
 
 def test_refuses_a_model_the_session_already_changed(saved):

@@ -131,3 +131,58 @@ def test_rendered_metadata():
     text = str(Rendered(weights_table(zoo.weights_info("resnet18")), width=120))
     assert "ImageNet-1K acc@1 │ 69.76" in text and "224×224 (resize 256" in text
     assert "random weights (weights=None)" in str(loaded_model(zoo.load_model("resnet18", None)))
+
+
+def test_a_refused_head_binds_nothing():
+    """A bad class count is refused after the build: no name it would bind is bound, and
+    a model already bound under ``bind`` is still that model."""
+    import torchmagic
+
+    old = torch.nn.Linear(2, 2)
+    ns: dict = {"net": old, "weights": "mine"}
+    tm = torchmagic.Session(namespace=ns)
+    with pytest.raises(TorchMagicError, match="num_classes must be a positive integer"):
+        tm.load_model("resnet18", None, num_classes=0, bind="net")
+    assert ns == {"net": old, "weights": "mine"} and ns["net"] is old
+    assert tm.loaded == {} and tm.history() == ()
+
+
+def test_a_refused_head_in_the_magic_binds_nothing(ip):
+    from IPython.core.error import UsageError
+
+    before = set(ip.user_ns)
+    with pytest.raises(UsageError):
+        ip.run_line_magic("load_model", "resnet18 --weights none --num-classes 0 --as net")
+    assert set(ip.user_ns) == before and "net" not in ip.user_ns
+
+
+class _RunsCode:
+    """Unpickled, it would create a file: the proof that a load ran code."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.flag}",))
+
+
+def test_a_planted_hub_file_is_refused_and_runs_no_code(tmp_path):
+    """``$TORCH_HOME/hub/checkpoints/<resnet18's file>`` holding a pickle that runs code:
+    refused in one line naming the global, the code never run, nothing bound."""
+    import torchmagic
+
+    folder = tmp_path / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    flag = tmp_path / "ran"
+    url = ResNet18_Weights.DEFAULT.url
+    torch.save({"fc.weight": _RunsCode(str(flag))}, folder / url.rsplit("/", 1)[1])
+    ns: dict = {}
+    tm = torchmagic.Session(namespace=ns)
+    with pytest.raises(TorchMagicError) as error:
+        tm.load_model("resnet18", "DEFAULT")
+    message = str(error.value)
+    assert "\n" not in message and "holds Python objects or code" in message
+    assert "(posix.system)" in message or "(os.system)" in message
+    assert not flag.exists() and ns == {}

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import torch_files
 from .advice import spelled
 from .errors import TorchMagicError
 from .integrations import peft
@@ -365,16 +366,13 @@ def read(path: str | os.PathLike) -> dict:
     that is missing, truncated, not torch's or not ours is refused in one line."""
     path = os.path.expanduser(os.fspath(path))
     where = f"cannot resume from '{path}'"
-    if not os.path.isfile(path):
-        raise TorchMagicError(f"{where}: no such file", param="path")
+    missing = torch_files.not_a_file(path)
+    if missing is not None:
+        raise TorchMagicError(f"{where}: {missing}", param="path")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001  # any file: torch raises many kinds
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TorchMagicError(
-            f"{where}: not a readable torch file (truncated or another format: {first[:120]})",
-            param="path",
-        ) from None
+        raise TorchMagicError(f"{where}: {torch_files.load_refusal(exc)}", param="path") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise TorchMagicError(
             f"{where}: not a torchmagic checkpoint (written by Session.save)", param="path"

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import torch
 from torch import nn
 
+from . import torch_files
 from .errors import TorchMagicError
 
 SOURCES = ("torchvision", "timm", "hf")
@@ -218,13 +219,9 @@ def _first_line(error: BaseException) -> str:
 
 def _unsafe_pickle(what: str, error: pickle.UnpicklingError) -> TorchMagicError:
     """``torch.load(weights_only=True)`` refused a file: name the object it met."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    met = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), "")
     return TorchMagicError(
-        f"refused to load the weights of {what}: the file is a pickle that "
-        f"torch.load(weights_only=True) does not read"
-        + (f" ({met.rstrip('.')})" if met else "")
-        + "; use a safetensors file, or load it yourself if you trust where it came from",
+        f"refused to load the weights of {what}: {torch_files.load_refusal(error)} "
+        "(use a safetensors file)",
         param="name",
     )
 
@@ -280,6 +277,16 @@ def _fetch_failed(what: str, name: str, error: BaseException | str, where: str) 
     )
 
 
+def _vetted(url: str, progress: bool) -> None:
+    """The weights at ``url`` in torch's hub cache, read once with ``weights_only=True``
+    (fetched first if absent): torchvision's builders load the cached file with
+    ``load_state_dict_from_url``'s default ``weights_only=False``, so a file planted there
+    must be refused before they see it (``pickle.UnpicklingError``, naming its global)."""
+    torch.hub.load_state_dict_from_url(
+        url, map_location="cpu", progress=progress, check_hash=True, weights_only=True
+    )
+
+
 def _torchvision(name: str, spec: str | None, progress: bool) -> LoadedModel:
     from torchvision import models
 
@@ -289,6 +296,7 @@ def _torchvision(name: str, spec: str | None, progress: bool) -> LoadedModel:
             models.get_model(name, weights=None), name, "torchvision", None, None, None, None
         )
     try:
+        _vetted(weights.url, progress)
         model = models.get_model(name, weights=weights, progress=progress)
     except pickle.UnpicklingError as error:
         raise _unsafe_pickle(f"{type(weights).__name__}.{weights.name}", error) from None

@@ -151,9 +151,12 @@ def speak_flag(message: str, param: str, flag: str) -> str:
     """Say ``flag`` where the engine's ``message`` names the Python parameter: its
     keyword form (``optimizer=nope`` → ``--opt nope``), else a leading mention
     (``epochs must…`` → ``--epochs must…``), else as a prefix. ``key=value`` options
-    read the same in both worlds."""
+    read the same in both worlds; ``force=True`` is a switch's ``--force``."""
     if flag.endswith("=") or flag in message:
         return message
+    switch = re.compile(rf"(?<![\w.-]){re.escape(param)}=True\b")
+    if switch.search(message):
+        return switch.sub(flag, message, count=1)
     keyword = re.compile(rf"(?<![\w.-]){re.escape(param)}=")
     if keyword.search(message):
         return keyword.sub(f"{flag} ", message, count=1)

@@ -50,7 +50,7 @@ class SessionMagics(TopicMagics):
         return render.render(self.session.load(words[0]), self.width)
 
     def _export(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.render(self.session.export(words[0]), self.width)
+        return render.render(self.session.export(words[0], force=args.force), self.width)
 
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         if not words:
@@ -69,6 +69,11 @@ class SessionMagics(TopicMagics):
         "--sync",
         action="store_true",
         help="with save: fsync the file before returning, so it survives a power loss too",
+    )
+    @argument(
+        "--force",
+        action="store_true",
+        help="with export: replace the file if it exists",
     )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
@@ -98,6 +103,7 @@ class SessionMagics(TopicMagics):
             "write the commands as a Python script",
             words="PATH.py",
             arity=(1, 1),
+            options=("--force",),
         ),
         Subcommand(
             "help",

@@ -118,10 +118,12 @@ def _replay_call(session: Session, target: edits.BoundModel, call: Replay, comma
         method(*on_model(call.targets), exclude=exclude, optimizer=opt, command=command, **options)
 
 
-def export(session: Session, path: str | os.PathLike, model: str | None) -> ExportReport:
+def export(
+    session: Session, path: str | os.PathLike, model: str | None, force: bool
+) -> ExportReport:
     target = session.bound(model, reading=True)
     applied = session._history.applied(target.model)
-    fits = [f for f in session._fit_calls if f[0]() is target.model]
+    fits = [f for f in session._fit_calls if f[0] is None or f[0]() is target.model]
     made_by_fits = {
         e.index for e in applied for _, before, after, _ in fits if before < e.index <= after
     }
@@ -133,7 +135,7 @@ def export(session: Session, path: str | os.PathLike, model: str | None) -> Expo
     loaders: dict[str, str] = {}
     for _, before, _, call in fits:
         loader_names = {k: str(v) for k, v in call.options if k in ("train", "val")}
-        loaders.update({v: f"batches for tm.fit ({k})" for k, v in loader_names.items()})
+        loaders.update({v: f"batches for tm.{call.method} ({k})" for k, v in loader_names.items()})
         steps.append(((before, 1), python_call(call, loader_names), ""))
     steps.sort(key=lambda s: s[0])
     variables = [(target.model_name, type(target.model).__name__)]
@@ -156,5 +158,5 @@ def export(session: Session, path: str | os.PathLike, model: str | None) -> Expo
         __version__,
         target.model_name,
     )
-    write_text(text, path)
+    write_text(text, path, force)
     return ExportReport(os.fspath(path), tuple(variables), len(steps))

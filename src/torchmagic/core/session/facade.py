@@ -70,8 +70,9 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
             weakref.WeakKeyDictionary()
         )
         self._phase_schedulers: tuple[object, ...] = ()  # fine_tune's one-cycle, while it runs
-        # each fit as a call, for export: (model, newest command before, after it, call)
-        self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module], int, int, Replay]] = []
+        # each fit, fine_tune and AMP switch as a call, for export: (model, None for the
+        # AMP policy of every model; newest command before, after it; the call)
+        self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module] | None, int, int, Replay]] = []
 
     # -- resolving -------------------------------------------------------------------
 
@@ -196,10 +197,14 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         ``resume(..., shard=apply)``). Commands before it can no longer be undone."""
         return distributed.shard(self, apply, model, optimizer)
 
-    def export(self, path: str | os.PathLike, model: str | None = None) -> ExportReport:
-        """Write the (current) model's commands as a Python script of Session calls, fits
-        included, with a header naming the variables it expects (see ``core.export``)."""
-        return checkpoint.export(self, path, model)
+    def export(
+        self, path: str | os.PathLike, model: str | None = None, *, force: bool = False
+    ) -> ExportReport:
+        """Write the (current) model's commands as a Python script of Session calls, fits,
+        fine_tune runs and AMP switches included: a batch job's skeleton with a marked place
+        for the variables it expects (see ``core.export``). Written atomically; an existing
+        file is replaced only with ``force``."""
+        return checkpoint.export(self, path, model, force)
 
 
 def resume(

@@ -18,6 +18,7 @@ from ..devices.memory import MemoryReport, ResetReport
 from ..devices.memory import reset_peaks as reset_peak_counters
 from ..devices.pinbench import PinReport
 from ..devices.placement import CheckReport
+from ..surgery.results import Replay
 from ..training.amp import AmpStatus, cell_autocast
 from . import devices, training
 from .part import SessionPart
@@ -134,11 +135,15 @@ class DeviceFacade(SessionPart):
         """Autocast for training on the session's device (else the current model's):
         ``mode`` is ``"auto"`` (bf16 where supported), ``"bf16"`` or ``"fp16"`` (with a
         GradScaler)."""
-        return self._session.amp.turn_on(self._session.device_type(model), mode)
+        status = self._session.amp.turn_on(self._session.device_type(model), mode)
+        training.record_call(self._session, None, Replay("amp_on", (), (("mode", mode),)))
+        return status
 
     def amp_off(self) -> AmpStatus:
         """Plain precision again; an fp16 GradScaler's state is kept for next time."""
-        return self._session.amp.turn_off()
+        status = self._session.amp.turn_off()
+        training.record_call(self._session, None, Replay("amp_off"))
+        return status
 
     def autocast(self, mode: str | None = None) -> AbstractContextManager:
         """``with tm.autocast():`` around forward and loss in a hand-written loop (the

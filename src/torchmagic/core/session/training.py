@@ -169,16 +169,28 @@ def fit(
             monitor=None if monitor == "loss" else monitor,
             early_stop=early_stop or None,
             keep_best=keep_best or None,
+            accumulate=None if accumulate == 1 else accumulate,
+            clip=clip,
         ),
     )
-    after = _newest_command(session, target.model)
-    session._fit_calls.append((weakref.ref(target.model), before, after, record))
+    record_call(session, target.model, record, before)
     return history
 
 
-def _newest_command(session: Session, model: nn.Module) -> int:
-    applied = session._history.applied(model)
-    return applied[-1].index if applied else 0
+def record_call(
+    session: Session, model: nn.Module | None, call: Replay, before: int | None = None
+) -> None:
+    """``call`` (a fit, a fine_tune, an AMP switch: ``model`` None) for export, between
+    the newest command before it and the newest after it (what it made itself)."""
+    newest = _newest_command(session, model)
+    ref = None if model is None else weakref.ref(model)
+    session._fit_calls.append((ref, newest if before is None else before, newest, call))
+
+
+def _newest_command(session: Session, model: nn.Module | None) -> int:
+    """The index of the newest command on ``model`` (None: on any model), 0 if none."""
+    applied = session.history() if model is None else session._history.applied(model)
+    return max((e.index for e in applied), default=0)
 
 
 def _head_base_lr(target: edits.BoundModel) -> float:
@@ -326,6 +338,7 @@ def fine_tune(
     }
     opt = target.optimizer
     assert opt is not None
+    before, fits_before = _newest_command(session, target.model), len(session._fit_calls)
     freeze = session.freeze(name, exclude=(head,), bn=bn, optimizer=optimizer)
     with _phase(session, opt, HEAD_PHASE, freeze_epochs * steps_per_epoch):
         head_fit = session.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
@@ -340,6 +353,27 @@ def fine_tune(
     unfreeze = session.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
     with _phase(session, opt, UNFROZEN_PHASE, epochs * steps_per_epoch):
         full_fit = session.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
+    # the whole recipe ran: export it as one call, not as its four commands
+    del session._fit_calls[fits_before:]
+    workspace = session.workspace
+    record = Replay(
+        "fine_tune",
+        (),
+        options(
+            train=names.name_of(workspace, train, "train_loader"),
+            val=names.name_of(workspace, val, "val_loader"),
+            epochs=epochs,
+            freeze_epochs=None if freeze_epochs == 1 else freeze_epochs,
+            lr=lr,
+            loss=loss if isinstance(loss, str) and loss != "cross_entropy" else None,
+            sched_step=sched_step,
+            accumulate=None if accumulate == 1 else accumulate,
+            clip=clip,
+            schedule=schedule,
+            bn=bn,
+        ),
+    )
+    record_call(session, target.model, record, before)
     return replace(result, lr=top, unfreeze=unfreeze, full_fit=full_fit)
 
 
