@@ -43,22 +43,6 @@ def magic_named(typed: str) -> dict:
         raise TorchMagicError(f"no magic named '{typed}'{hint}", param="words") from None
 
 
-def usage(name: str, kind: str = "line") -> str:
-    """The usage line of ``%name``: ``%fit [MODEL] TRAIN_LOADER [--val VAL_LOADER] …``."""
-    return magic_entry(name, kind)["usage"]
-
-
-def subcommand_usage(name: str, subcommand: str) -> str:
-    """The usage line of one subcommand: ``%tm use NAME``."""
-    for entry in magic_entry(name)["subcommands"]:
-        if entry["name"] == subcommand:
-            return entry["usage"]
-    raise KeyError(f"%{name} has no subcommand {subcommand!r} in extension.json")
-
-
-# A usage line longer than this is shortened in error messages (a notebook's output and
-# an 80-column terminal show it on one line).
-SHORT_USAGE = 72
 HELP_WIDTH = 88  # the lines of a magic's help text
 HELP_WORDS = 26  # the column of option words; a longer word gets a line of its own
 
@@ -75,24 +59,6 @@ def _usage_words(usage: str) -> list[str]:
             words.append(word)
         depth += word.count("[") - word.count("]")
     return words
-
-
-def short_usage(name: str, kind: str = "line", mentioned: str = "") -> str:
-    """The usage line as an error prints it: whole while it is short; else the arguments,
-    the required options and the options ``mentioned`` names, the rest as ``[…]``, and
-    where to read them all (``%fit?``)."""
-    full = usage(name, kind)
-    if len(full) <= SHORT_USAGE or "subcommands" in magic_entry(name, kind):
-        return full
-    kept = []
-    for word in _usage_words(full):
-        option = word.strip("[]").split()[0]
-        if not option.startswith("--") or not word.startswith("[") or option in mentioned:
-            kept.append(word)
-        elif kept[-1] != "[…]":
-            kept.append("[…]")
-    escape = "%%" if kind == "cell" else "%"
-    return f"{' '.join(kept)} ({escape}{name}? for every option)"
 
 
 def _default(argument: dict) -> str:
