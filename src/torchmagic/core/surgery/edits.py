@@ -379,10 +379,10 @@ def unfreeze(
         editor = OptimizerEditor(opt, tx, target.model)
         if adopted:
             where = group_index(opt)
-            places = [(where[id(old)], new) for old, new in adopted]
+            places = [(where[id(old)], fresh) for old, fresh in adopted]
             editor.remove([old for old, _ in adopted])
-            for index, new in places:
-                editor.join(index, [new])
+            for index, fresh in places:
+                editor.join(index, [fresh])
             notes.append(
                 f"{len(adopted)} tensor(s) of the module(s) replaced by hand left the "
                 "optimizer with their state; the new ones took their param groups"
