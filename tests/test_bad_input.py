@@ -35,7 +35,7 @@ BAD = [
     ("tm", 'use "model', "no closing quotation"),
     ("amp", "on '", "no closing quotation"),
     ("device", "\\", "no escaped character"),
-    ("gpumem", "estimate '", "usage: %gpumem"),
+    ("gpumem", "estimate '", "close the quote"),
     ("replace_head", "fc 99999999999999999999", "num_classes"),
     ("replace_head", "fc 100000000000", "more than 1,000,000 classes"),
     ("replace_head", "fc 1" + "0" * 5000, "too large"),

@@ -49,7 +49,6 @@ from torchmagic.core.training.lr_find import STEEPEST, LrFindResult
 from torchmagic.core.training.progressive import Unfrozen
 from torchmagic.core.training.recipe import FineTuneResult
 from torchmagic.core.zoo import LoadedModel, WeightsInfo
-from torchmagic.manifest import help_text
 from torchmagic.render import FitRuns, MagicHelp, ManifestHelp, NotebookProgress
 from torchmagic.render.base import _parts
 
@@ -117,7 +116,7 @@ def _magic_help() -> MagicHelp:
         "example": "%freeze layer1-3",
         "docs": "https://example.org/docs/magics.md#freeze",
     }
-    return MagicHelp(entry, help_text(entry))
+    return MagicHelp(entry)
 
 
 def _dry_run_live() -> Change:

@@ -7,11 +7,7 @@ import json
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-from IPython.core.error import UsageError
-
 import torchmagic
-from torchmagic import manifest
 from torchmagic.magics import TOPICS, TorchMagics
 from torchmagic.magics.base import TopicMagics
 from torchmagic.manifest import load_manifest
@@ -76,17 +72,3 @@ def test_config_matches_the_traits():
     assert set(described) == set(traits)
     for name, trait in traits.items():
         assert described[name]["default"] == trait.default_value, name
-
-
-def test_usage_errors_read_the_manifest(ip, monkeypatch):
-    data = json.loads(json.dumps(load_manifest()))
-    for magic in data["magics"]:
-        if magic["name"] == "tm":
-            magic["usage"] = "%tm FROM-THE-MANIFEST"
-            for sub in magic["subcommands"]:
-                sub["usage"] = f"%tm {sub['name']} FROM-THE-MANIFEST"
-    monkeypatch.setattr(manifest, "load_manifest", lambda: data)
-    with pytest.raises(UsageError, match="usage: %tm FROM-THE-MANIFEST"):
-        ip.run_line_magic("tm", "bogus")
-    with pytest.raises(UsageError, match="usage: %tm use FROM-THE-MANIFEST"):
-        ip.run_line_magic("tm", "use")

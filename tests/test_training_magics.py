@@ -70,7 +70,8 @@ def test_cell_amp_runs_the_cell_under_autocast(ip):
 
 
 @pytest.mark.parametrize(
-    "words, fragment", [("bogus", "unknown precision 'bogus'"), ("bf16 fp16", "usage: %%amp")]
+    "words, fragment",
+    [("bogus", "unknown precision 'bogus'"), ("bf16 fp16", "one precision at most")],
 )
 def test_cell_amp_bad_mode_runs_nothing(ip, words, fragment):
     run(ip, SETUP)
@@ -123,9 +124,9 @@ def test_fit_shows_progress_and_returns_history(ip):
     "line, fragment",
     [
         ("fit nope", "no variable named 'nope'"),
-        ("fit train --epochs 0", "--epochs must be at least 1, got 0; usage: %fit"),
+        ("fit train --epochs 0", "--epochs must be at least 1, got 0$"),
         ("fit train --max-steps 0", "--max-steps must be at least 1"),
-        ("fit a b c", "usage: %fit"),
+        ("fit a b c", "^one model and one training loader, got 3 words: a b c$"),
         ("fit train --loss nope", "unknown loss"),
     ],
 )

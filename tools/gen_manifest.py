@@ -110,13 +110,14 @@ def arguments(func) -> list[dict]:
     return out
 
 
-def option_usage(action: argparse.Action) -> str:
+def option_usage(action: argparse.Action, required: bool = False) -> str:
+    """``--epochs N``, in brackets unless the parser or the subcommand requires it."""
     option = max(action.option_strings, key=len)
     if _flag(action):
         return f"[{option}]"
     value = "|".join(action.choices) if action.choices else action.metavar or action.dest.upper()
     usage = f"{option} {value}{' ...' if action.nargs == '+' else ''}"
-    return usage if action.required else f"[{usage}]"
+    return usage if action.required or required else f"[{usage}]"
 
 
 def _positional_usage(action: argparse.Action) -> str:
@@ -127,7 +128,8 @@ def _positional_usage(action: argparse.Action) -> str:
 def subcommand_usage(name: str, func, entry: Subcommand) -> str:
     options = {max(a.option_strings, key=len): a for a in _actions(func) if a.option_strings}
     word = entry.name if entry.name != "*" else ""
-    parts = [f"%{name}", word, entry.words, *(option_usage(options[o]) for o in entry.options)]
+    given = [option_usage(options[o], o in entry.required) for o in entry.options]
+    parts = [f"%{name}", word, entry.words, *given]
     return " ".join(p for p in parts if p)
 
 

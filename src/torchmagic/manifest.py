@@ -43,24 +43,8 @@ def magic_named(typed: str) -> dict:
         raise TorchMagicError(f"no magic named '{typed}'{hint}", param="words") from None
 
 
-def usage(name: str, kind: str = "line") -> str:
-    """The usage line of ``%name``: ``%fit [MODEL] TRAIN_LOADER [--val VAL_LOADER] …``."""
-    return magic_entry(name, kind)["usage"]
-
-
-def subcommand_usage(name: str, subcommand: str) -> str:
-    """The usage line of one subcommand: ``%tm use NAME``."""
-    for entry in magic_entry(name)["subcommands"]:
-        if entry["name"] == subcommand:
-            return entry["usage"]
-    raise KeyError(f"%{name} has no subcommand {subcommand!r} in extension.json")
-
-
-# A usage line longer than this is shortened in error messages (a notebook's output and
-# an 80-column terminal show it on one line).
-SHORT_USAGE = 72
-HELP_WIDTH = 88  # the lines of a magic's help text
-HELP_WORDS = 26  # the column of option words; a longer word gets a line of its own
+HELP_WIDTH = 80  # the lines of ``%name?``'s text (``%tm help NAME`` wraps at the output's width)
+HELP_WORDS = 26  # the column of option words at most; a longer word gets a line of its own
 
 
 def _usage_words(usage: str) -> list[str]:
@@ -77,24 +61,6 @@ def _usage_words(usage: str) -> list[str]:
     return words
 
 
-def short_usage(name: str, kind: str = "line", mentioned: str = "") -> str:
-    """The usage line as an error prints it: whole while it is short; else the arguments,
-    the required options and the options ``mentioned`` names, the rest as ``[…]``, and
-    where to read them all (``%fit?``)."""
-    full = usage(name, kind)
-    if len(full) <= SHORT_USAGE or "subcommands" in magic_entry(name, kind):
-        return full
-    kept = []
-    for word in _usage_words(full):
-        option = word.strip("[]").split()[0]
-        if not option.startswith("--") or not word.startswith("[") or option in mentioned:
-            kept.append(word)
-        elif kept[-1] != "[…]":
-            kept.append("[…]")
-    escape = "%%" if kind == "cell" else "%"
-    return f"{' '.join(kept)} ({escape}{name}? for every option)"
-
-
 def _default(argument: dict) -> str:
     """`` (default: 1)`` when the help does not say it already; nothing for flags and
     unset values."""
@@ -104,10 +70,24 @@ def _default(argument: dict) -> str:
     return f" (default: {default})"
 
 
-def help_text(entry: dict) -> str:
+def _wrapped(text: str, width: int, lead: str = "", indent: str = "") -> list[str]:
+    """Prose in lines of at most ``width``, broken at spaces only (``--input-shape`` and
+    an address stay whole)."""
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=lead,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def help_text(entry: dict, width: int = HELP_WIDTH) -> str:
     """One magic's full usage, as ``%name?`` and ``%tm help NAME`` show it: the usage line,
     what it does, the arguments first, then the options with their defaults, one example
-    and where the reference is."""
+    and where the reference is; in lines of at most ``width``, drawn as they are (wrapped
+    once, here, never again by the front end)."""
     rows: list[tuple[str, str]] = []
     if "subcommands" not in entry:
         rows += [
@@ -121,43 +101,58 @@ def help_text(entry: dict) -> str:
     for argument in entry["arguments"]:
         if argument["kind"] != "positional":
             options.append((_option_word(entry, argument), argument["help"] + _default(argument)))
-    wide = min(max((len(word) for word, _ in rows + options), default=0), HELP_WORDS)
+    wide = min(max((len(word) for word, _ in rows + options), default=0), HELP_WORDS, width // 3)
 
     def listed(title: str, pairs: list[tuple[str, str]]) -> list[str]:
         out = [f"{title}:"]
         for word, text in pairs:
             lead = f"  {word.ljust(wide)}  "
             if len(word) > wide:  # the text starts on the next line
-                out.append(f"  {word}")
+                out += [f"  {line}" for line in _wrapped_usage(word, width - 2)]
                 lead = " " * (wide + 4)
-            out += textwrap.wrap(
-                text, HELP_WIDTH, initial_indent=lead, subsequent_indent=" " * len(lead)
-            )
+            out += _wrapped(text, width, lead, " " * len(lead))
         return [*out, ""]
 
-    lines = [*_wrapped_usage(entry["usage"]), "", *textwrap.wrap(entry["summary"], HELP_WIDTH), ""]
+    lines = [*_wrapped_usage(entry["usage"], width), "", *_wrapped(entry["summary"], width), ""]
     if rows:
         lines += listed("subcommands" if "subcommands" in entry else "arguments", rows)
     if options:
         lines += listed("options", options)
-    lines += ["example:", f"  {entry['example']}"]
+    lines += ["example:", *_wrapped(entry["example"], width, "  ", "    ")]
     if "docs" in entry:
-        lines += ["", f"reference: {entry['docs']}"]
+        lines += ["", *_wrapped(f"reference: {entry['docs']}", width)]
     return "\n".join(lines)
 
 
-def _wrapped_usage(line: str) -> list[str]:
-    """The usage line in lines of at most ``HELP_WIDTH``, broken between its words (an
-    option stays with its value), the later lines indented under the first argument."""
+def _wrapped_usage(line: str, width: int) -> list[str]:
+    """The usage line in lines of at most ``width``, broken between its words (an
+    option stays with its value, a bracketed group too while it fits on a line), the
+    later lines indented under the first argument."""
     words = _usage_words(line)
-    indent = " " * (len(words[0]) + 1)
+    indent = " " * min(len(words[0]) + 1, width // 4)
+    pieces = [p for word in words[1:] for p in _pieces(word, width - len(indent))]
     lines = [words[0]]
-    for word in words[1:]:
-        if len(lines[-1]) + 1 + len(word) > HELP_WIDTH and lines[-1].strip():
-            lines.append(indent + word)
+    for piece in pieces:
+        if len(lines[-1]) + 1 + len(piece) > width and lines[-1].strip():
+            lines.append(indent + piece)
         else:
-            lines[-1] += f" {word}"
+            lines[-1] += f" {piece}"
     return lines
+
+
+def _pieces(word: str, room: int) -> list[str]:
+    """A usage word as it breaks: whole when it fits in ``room``, else its own words, an
+    option still with its value (``[--input-shape N,C,H,W]``)."""
+    if len(word) <= room:
+        return [word]
+    pieces: list[str] = []
+    for part in word.split():
+        joins = pieces and pieces[-1].lstrip("[").startswith("--") and part[0] not in "-[|"
+        if joins and " " not in pieces[-1]:
+            pieces[-1] += f" {part}"
+        else:
+            pieces.append(part)
+    return pieces
 
 
 def _positional_words(entry: dict, argument: dict) -> str:

@@ -3,8 +3,8 @@ refusals into one ``UsageError`` line in magic syntax, subcommand tables, displa
 
 A magic body is parse → one Session call → render. The engine names the Python parameter
 at fault (``TorchMagicError(..., param="epochs")``); here that becomes the flag the user
-typed (``--epochs``, ``lr=``), read from the magic's own parser and key options, followed by
-the usage line from the manifest.
+typed (``--epochs``, ``lr=``), read from the magic's own parser and key options. An error
+is one line, the problem and its fix; the usage is one ``%magic?`` away, never appended.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..core import Session, TorchMagicError
 from ..core.advice import spelled
 from ..core.surgery.grammar import split_options
 from ..lazy import lazy_module
-from ..manifest import help_text, magic_entry, short_usage, subcommand_usage, usage
+from ..manifest import help_text, magic_entry
 from .spelling import magic_line
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class Subcommand:
     words: str = ""  # usage of what follows: "NAME", "[MODEL]", "on|off"
     arity: tuple[int, int] = (0, 0)  # fewest and most words after it
     options: tuple[str, ...] = ()  # the magic's flags that go with it: "--tracebacks"
+    required: tuple[str, ...] = ()  # those of its options it cannot run without
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,35 @@ def _stray_option(
     return ""
 
 
+def _head(name: str, entry: Subcommand) -> str:
+    """``%tm use``: the magic and the subcommand's word (the magic alone for ``other``)."""
+    return f"%{name} {entry.name}".rstrip() if entry.name not in ("", "*") else f"%{name}"
+
+
+def _arity_problem(name: str, entry: Subcommand, rest: Sequence[str]) -> str:
+    """Words too few or too many after a subcommand, and what it takes; "" when right."""
+    fewest, most = entry.arity
+    head = _head(name, entry)
+    if len(rest) < fewest:
+        return f"{head} needs {entry.words}: {head} {entry.words}"
+    if len(rest) > most:
+        takes = entry.words or "no more words"
+        return f"{head} takes {takes}, got {' '.join(rest)!r}"
+    return ""
+
+
+def _missing_option(
+    magic: MagicFunction, name: str, entry: Subcommand, args: argparse.Namespace
+) -> str:
+    """The first option the subcommand requires that the line lacks, with its value's
+    name (``%gpumem batch needs --input-shape SHAPE``); "" when none is missing."""
+    for action in magic.parser._actions:  # type: ignore[attr-defined]
+        option = max(action.option_strings, key=len, default="")
+        if option in entry.required and getattr(args, action.dest) in (None, ""):
+            return f"{_head(name, entry)} needs {option} {action.metavar}"
+    return ""
+
+
 def flags(magic: MagicFunction) -> dict[str, str]:
     """Python parameter → what the user types for it: ``exclude`` → ``--except``,
     ``lr`` → ``lr=``. Read from the magic's parser (by ``dest``) and key options."""
@@ -165,9 +195,9 @@ def speak_flag(message: str, param: str, flag: str) -> str:
     return f"{flag}: {message}"
 
 
-def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") -> str:
+def explain(error: TorchMagicError, magic: MagicFunction) -> str:
     """The engine's refusal in the magic's words (``optimizer=NAME`` → ``--opt NAME``,
-    suggested commands as magics); with the usage line when an argument was at fault."""
+    suggested commands as magics), the flag at fault named as the user typed it."""
     text = spelled(error.advice, magic_line)
     spoken = flags(magic)
     for param, flag in spoken.items():
@@ -176,8 +206,7 @@ def explain(error: TorchMagicError, magic: MagicFunction, kind: str = "line") ->
     if error.param is None:
         return text
     own = spoken.get(error.param)
-    message = text if own is None else speak_flag(text, error.param, own)
-    return f"{message}; usage: {short_usage(real_name(magic), kind, message)}"
+    return text if own is None else speak_flag(text, error.param, own)
 
 
 def strip_comment(line: str) -> str:
@@ -203,21 +232,34 @@ def strip_comment(line: str) -> str:
 def parse(magic: MagicFunction, line: str) -> argparse.Namespace:
     """argparse over shell-like tokens; options and targets may be interleaved; a trailing
     ``# comment`` is dropped. A line the shell-like split cannot read (an unclosed quote, a
-    trailing backslash) or argparse refuses is one ``UsageError`` line: the problem, the
-    fix where one is likely (``did you mean --epochs?``), the usage."""
-    name = real_name(magic)
+    trailing backslash) or argparse refuses is one ``UsageError`` line: the problem and
+    its fix (``did you mean --epochs?``). Options are never abbreviated."""
     try:
         words = arg_split(strip_comment(line), posix=True)
     except ValueError as error:  # shlex: "No closing quotation", "No escaped character"
         hint = "close the quote" if "quotation" in str(error) else "escape the backslash (\\\\)"
-        problem = f"cannot read the line: {str(error).lower()}; {hint}"
-        raise UsageError(f"{problem}; usage: {short_usage(name)}") from None
+        raise UsageError(f"cannot read the line: {str(error).lower()}; {hint}") from None
     parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
+    options = [o for a in parser._actions for o in a.option_strings]
+    # an unknown option first: ``--va`` is the problem, not the ``--val`` it leaves missing
+    unknown = [w for w in words if w.startswith("--") and w.partition("=")[0] not in options]
+    unknown = [w for w in unknown if w != "--"]  # argparse's end of options
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]}{_closest_option(unknown[0], options)}")
     try:
         return parser.parse_intermixed_args(words)
     except UsageError as error:
-        problem = argparse_problem(parser, str(error))
-        raise UsageError(f"{problem}; usage: {short_usage(name, mentioned=problem)}") from None
+        raise UsageError(argparse_problem(parser, str(error))) from None
+
+
+def _closest_option(typed: str, options: list[str]) -> str:
+    """``; did you mean --epochs?`` for ``--epoch`` (an abbreviation: the options it
+    starts, else the closest spelling); "" when none is close."""
+    word = typed.partition("=")[0]
+    close = [o for o in options if o.startswith(word)][:3] or difflib.get_close_matches(
+        word, options, n=1
+    )
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 _INVALID = re.compile(r"argument (\S+): invalid (\w+) value: '(.*)'$")
@@ -228,17 +270,13 @@ _TYPES = {"int": "a whole number", "float": "a number"}
 
 def argparse_problem(parser: argparse.ArgumentParser, message: str) -> str:
     """argparse's refusal said the way the usage line reads: the option and what it
-    takes, the closest real option or choice for a misspelt one."""
+    takes, the closest real choice for a misspelt one; for words too many or too few,
+    where the usage is (``%fit?``)."""
     actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
-    options = [o for a in actions for o in a.option_strings]
+    see = f"%{parser.prog}? shows the usage"
     if message.startswith("unrecognized arguments: "):
-        words = message.removeprefix("unrecognized arguments: ").split()
-        unknown = [w for w in words if w.startswith("--")]
-        if not unknown:
-            return f"unexpected {' '.join(words)!r}: more arguments than %{parser.prog} takes"
-        close = difflib.get_close_matches(unknown[0].partition("=")[0], options, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        return f"unknown option {unknown[0]}{hint}"
+        words = message.removeprefix("unrecognized arguments: ")
+        return f"unexpected {words!r}: more words than %{parser.prog} takes; {see}"
     if found := _INVALID.match(message):
         option, kind, value = found.groups()
         return f"{option} takes {_TYPES.get(kind, kind)}, got '{value}'"
@@ -260,7 +298,7 @@ def argparse_problem(parser: argparse.ArgumentParser, message: str) -> str:
             action = next((a for a in actions if word in (a.dest, *a.option_strings)), None)
             metavar = str(action.metavar) if action is not None and action.metavar else ""
             spelled.append(f"{word} {metavar}".strip() if word.startswith("-") else metavar or word)
-        return f"missing {', '.join(spelled)}"
+        return f"missing {', '.join(spelled)}; {see}"
     return message
 
 
@@ -269,6 +307,14 @@ class TopicMagics(Magics):
     configurable's Session and follow its settings."""
 
     shell: InteractiveShell  # always given: the extension creates topics for a shell
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every magic's parser takes whole option names only: argparse would read
+        ``--epoch 2`` as ``--epochs 2``; refused, it gets the suggestion instead."""
+        super().__init_subclass__(**kwargs)
+        for method in vars(cls).values():
+            if isinstance(getattr(method, "parser", None), argparse.ArgumentParser):
+                method.parser.allow_abbrev = False
 
     def __init__(self, shell, settings: TorchMagics) -> None:
         super().__init__(shell=shell)
@@ -304,12 +350,12 @@ class TopicMagics(Magics):
         """Unhook from the shell (``%unload_ext``); topics with hooks extend this."""
 
     @contextmanager
-    def refusals(self, magic: MagicFunction, kind: str = "line") -> Iterator[None]:
+    def refusals(self, magic: MagicFunction) -> Iterator[None]:
         """The engine's refusals as exactly ``UsageError`` (IPython hides its traceback)."""
         try:
             yield
         except TorchMagicError as error:
-            raise UsageError(explain(error, magic, kind)) from None
+            raise UsageError(explain(error, magic)) from None
 
     @contextmanager
     def interrupts(self, command: str) -> Iterator[None]:
@@ -353,16 +399,17 @@ class TopicMagics(Magics):
             entry, rest = table.other, list(words)
         if entry is None and first:
             close = difflib.get_close_matches(first, [e.name for e in table.entries], n=1)
-            hint = f"; did you mean %{name} {close[0]}?" if close else ""
-            raise UsageError(f"unknown subcommand '{first}'{hint}; usage: {usage(name)}")
+            hint = f"did you mean %{name} {close[0]}?" if close else f"%{name}? lists them"
+            raise UsageError(f"unknown subcommand '{first}' of %{name}; {hint}")
         if entry is None:
-            raise UsageError(f"%{name} needs a subcommand; usage: {usage(name)}")
-        fewest, most = entry.arity
-        if not fewest <= len(rest) <= most:
-            raise UsageError(f"usage: {subcommand_usage(name, entry.name)}")
-        stray = _stray_option(magic, name, table, entry, args)
-        if stray:
-            raise UsageError(f"{stray}; usage: {subcommand_usage(name, entry.name)}")
+            raise UsageError(f"%{name} needs a subcommand; %{name}? lists them")
+        problem = (
+            _arity_problem(name, entry, rest)
+            or _stray_option(magic, name, table, entry, args)
+            or _missing_option(magic, name, entry, args)
+        )
+        if problem:
+            raise UsageError(problem)
         from ..render.spelling import calls_spelled  # with the render layer, on first use
 
         with self.refusals(magic), calls_spelled(magic_line):

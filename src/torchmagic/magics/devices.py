@@ -61,10 +61,6 @@ class DeviceMagics(TopicMagics):
         return render.render(report, self.width)
 
     def _batch(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        if not args.input_shape:
-            raise TorchMagicError(
-                "give the shape of one sample, e.g. 3,224,224", param="input_shape"
-            )
         report = self.session.batch_size(
             parse_shape(args.input_shape),
             model=words[0] if words else None,
@@ -226,6 +222,7 @@ class DeviceMagics(TopicMagics):
             words="[MODEL]",
             arity=(0, 1),
             options=("--input-shape", "--max", "--budget", "--effective-batch"),
+            required=("--input-shape",),
         ),
     )
     @line_magic

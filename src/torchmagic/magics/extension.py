@@ -3,6 +3,9 @@ Session, and loading / unloading every topic's magics with it."""
 
 from __future__ import annotations
 
+import difflib
+import re
+
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Enum, Float, Integer, Unicode, observe
 from traitlets.config import Configurable
@@ -18,6 +21,9 @@ from .models import ModelMagics
 from .session import SessionMagics
 from .surgery import SurgeryMagics
 from .training import TrainingMagics
+
+# How IPython refuses a line magic it does not know (run_line_magic has no hook for it).
+_NOT_FOUND = re.compile(r"Line magic function `%(\S+)` not found\.")
 
 TOPICS: tuple[type[TopicMagics], ...] = (
     SurgeryMagics,
@@ -102,10 +108,22 @@ class TorchMagics(Configurable):
 
     def _after_cell(self, result=None) -> None:
         """Remember compiled models as first seen, so doctor can tell later edits; let
-        go of the undo logs of rebound models."""
+        go of the undo logs of rebound models; name the magic a misspelt one meant."""
+        self._suggest_magic(getattr(result, "error_in_exec", None))
         self.session.workspace.namespace = self.shell.user_ns
         self.session.observe_compiled()
         self.session.prune_history()
+
+    def _suggest_magic(self, error: BaseException | None) -> None:
+        """``did you mean %freeze?`` under IPython's "Line magic function `%freez` not
+        found" (IPython offers no hook into that refusal; its display stays as it is)."""
+        found = _NOT_FOUND.fullmatch(str(error)) if error is not None else None
+        if found is None:
+            return
+        names = list(self.shell.magics_manager.magics["line"])
+        close = difflib.get_close_matches(found.group(1), names, n=1)
+        if close:
+            print(f"%{found.group(1)}: did you mean %{close[0]}?")
 
     def _session_config(self) -> SessionConfig:
         return SessionConfig(

@@ -9,7 +9,7 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.surgery.results import CommandHistory
-from ..manifest import help_text, load_manifest, magic_named
+from ..manifest import load_manifest, magic_named
 from .base import Subcommand, TopicMagics, parse, render, strip_comment, subcommands
 
 
@@ -56,7 +56,7 @@ class SessionMagics(TopicMagics):
         if not words:
             return render.render(render.ManifestHelp(load_manifest()), self.width)
         entry = magic_named(words[0])
-        return render.render(render.MagicHelp(entry, help_text(entry)), self.width)
+        return render.render(render.MagicHelp(entry), self.width)
 
     @magic_arguments()
     @argument(

@@ -13,6 +13,7 @@ from ..manifest import load_manifest
 # Session methods whose magic is not ``%method``.
 _MAGICS = {
     "move": "%device move",
+    "set_device": "%device",
     "undo": "%tm undo",
     "amp_on": "%amp on",
     "load": "%tm load",

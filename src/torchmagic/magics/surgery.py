@@ -199,7 +199,10 @@ class SurgeryMagics(TopicMagics):
                 spec, options = self.split(self.replace_head, args.spec)
                 labels = options.get("labels")
                 if len(spec) > 2 or not spec and labels is None:
-                    raise TorchMagicError("one head and one class count", param="spec")
+                    raise TorchMagicError(
+                        f"one head and one class count, e.g. fc 10, got {' '.join(spec) or 'none'}",
+                        param="spec",
+                    )
                 if len(spec) == 2 or spec and _COUNT.match(spec[-1]):
                     where, count = ["auto", *spec] if len(spec) == 1 else spec
                 else:

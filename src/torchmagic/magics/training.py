@@ -104,7 +104,7 @@ class TrainingMagics(TopicMagics):
 
     def _cell_amp(self, words: list[str], cell: str):
         with ExitStack() as stack:
-            with self.refusals(self.amp, "cell"):
+            with self.refusals(self.amp):
                 if len(words) > 1:
                     raise TorchMagicError("one precision at most", param="words")
                 stack.enter_context(self.session.autocast(words[0] if words else "auto"))
@@ -321,7 +321,10 @@ class TrainingMagics(TopicMagics):
     def _model_and_loader(self, names: list[str]) -> tuple[str | None, str]:
         """``[MODEL] TRAIN_LOADER``: the model variable (None: the current model), the loader."""
         if len(names) > 2:
-            raise TorchMagicError("one model and one training loader", param="names")
+            raise TorchMagicError(
+                f"one model and one training loader, got {len(names)} words: {' '.join(names)}",
+                param="names",
+            )
         return (names[0], names[1]) if len(names) == 2 else (None, names[0])
 
     def _shown(self, magic: MagicFunction, run: Callable[[Progress], object]) -> ShownResult | None:

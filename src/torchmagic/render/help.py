@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from rich.console import Group, JustifyMethod
 from rich.style import Style
+from rich.table import Table
 from rich.text import Text
 
+from ..manifest import help_text
 from . import theme
 from .base import Rendered, table
 
@@ -27,10 +29,9 @@ class ManifestHelp:
 
 @dataclass(frozen=True)
 class MagicHelp:
-    """One magic's manifest entry and its help text (``manifest.help_text``)."""
+    """One magic's manifest entry: its help text is laid out at the output's width."""
 
     entry: Mapping
-    text: str
 
 
 def code_text(text: str, style: Style | str = "") -> Text:
@@ -71,16 +72,33 @@ def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
             anchor = magic["docs"].rpartition("#")[2]
             cells.append(Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])))
         drawn.add_row(*cells)
-    # an address is one word: drawn whole, wider than a narrow terminal rather than cut
-    reference = table(None, [("reference", "left")], (0,), show_header=False, box=None)
-    reference.add_row(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
+    reference = _whole(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
     rendered.renderable = Group(title, drawn, reference)
     return rendered
 
 
+def _whole(line: Text) -> Table:
+    """A line drawn whole where it is wider than the output (an address is one word): a
+    one-cell table, which is laid out at its own width rather than cut."""
+    drawn = table(None, [("line", "left")], (0,), show_header=False, box=None)
+    drawn.add_row(line)
+    return drawn
+
+
 def magic_help(result: MagicHelp, width: int | None = None) -> Rendered:
-    """The usage text as ``%name?`` shows it, its first line bold, `code` drawn as code."""
-    usage, _, rest = result.text.partition("\n\n")
+    """The usage text as ``%name?`` shows it, wrapped once at the output's width (drawn
+    as it is, never wrapped again), its first lines bold, `code` drawn as code."""
+    rendered = Rendered(Group(), width)
+    usage, _, rest = help_text(dict(result.entry), rendered.width).partition("\n\n")
     body = code_text(rest)  # across lines: a `code span` may wrap
     body.highlight_regex(re.compile(r"^[a-z]+:$", re.M), theme.style("dim"))
-    return Rendered(Group(Text(usage, style="bold"), Text(""), body), width)
+    parts: list[Text | Table] = [Text(usage, style="bold"), Text("")]
+    lines: list[Text] = []
+    for line in body.split("\n"):
+        if len(line.plain) <= rendered.width:
+            lines.append(line)
+            continue
+        parts += [Text("\n").join(lines), _whole(line)] if lines else [_whole(line)]
+        lines = []
+    rendered.renderable = Group(*parts, *([Text("\n").join(lines)] if lines else []))
+    return rendered

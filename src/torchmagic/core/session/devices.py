@@ -4,6 +4,7 @@ reports, timings and estimates of the (current) model under the session's AMP po
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..advice import Call
 from ..devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from ..devices.compare import CompareReport, compare
 from ..devices.device import MoveReport, resolve_device
@@ -46,7 +48,23 @@ def device_type(session: Session, model: str | None) -> str:
     return session.model_device(unwrap(module)).type
 
 
+# A device as %device / set_device takes it: ``move cuda`` means a device, not a model.
+_DEVICE_WORD = re.compile(r"(auto|cpu|cuda|mps)(:\d+)?", re.IGNORECASE)
+
+
 def move(session: Session, model: str | None) -> MoveReport:
+    if model is not None and model not in session.workspace.namespace:
+        if _DEVICE_WORD.fullmatch(model):
+            raise TorchMagicError(
+                (
+                    f"'{model}' is a device, not a model: ",
+                    Call("set_device", (model,)),
+                    " chooses it, then ",
+                    Call("move"),
+                    " moves the model there",
+                ),
+                param="model",
+            )
     bound = session.bound(model)
     target = session.device or resolve_device("auto")
     report = move_model(

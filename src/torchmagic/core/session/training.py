@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -39,6 +39,7 @@ from . import names
 from .surgery import call, checked_bn, options
 
 if TYPE_CHECKING:
+    from ..workspace import Workspace
     from .facade import Session
 
 
@@ -55,6 +56,7 @@ def fit_plan(
     """The bound model and a plan to train it: its optimizer and schedulers, the
     session's device, AMP policy and the loss. Refuses before anything changes."""
     workspace = session.workspace
+    _check_model_word(workspace, model, takes_val=label != "lr_find")
     name, module = workspace.resolve_model(model)
     target = names.bind(workspace, name, module, optimizer, False)
     if target.optimizer is None:
@@ -96,6 +98,22 @@ def fit_plan(
         label=label,
     )
     return target, plan
+
+
+def _check_model_word(workspace: Workspace, model: str | None, takes_val: bool) -> None:
+    """A loader named where the model goes (``val_loader, train_loader``) is refused with
+    the order the arguments take, not as a DataLoader that is not a module."""
+    if model is None or workspace.module(model) is not None:
+        return
+    found = workspace.lookup(model)
+    if found is None or not isinstance(found.held, Iterable):
+        return
+    val = "; a validation loader goes in val=LOADER" if takes_val else ""
+    raise TorchMagicError(
+        f"'{model}' is a {type(found.held).__name__}, not a model: the model comes first "
+        f"(none: the current one), then the training loader{val}",
+        param="model",
+    )
 
 
 def fit(

@@ -17,7 +17,7 @@ from ..advice import Advice, Call
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
-from . import batchnorm, heads, model_config, optimizer_sync, scheduler_sync, ties
+from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Counts, Effect
@@ -330,8 +330,9 @@ def unfreeze(
     block gets one group per home group of its parameters, at base lr ``lr`` (default: the
     home group's base), with the home group's other hyper-parameters. Parameters never in
     any group take the optimizer's defaults, at ``lr_ratio`` × the head group's base lr
-    when no lr is given. New groups follow the schedule of their home group (else the
-    head group's).
+    when no lr is given; a block assigned by hand over a module whose tensors the
+    optimizer still holds takes their places instead (they leave, with their state). New
+    groups follow the schedule of their home group (else the head group's).
     """
     opt = target.optimizer
     explicit = any(lr is not None for lr in lrs) or weight_decay is not None
@@ -372,6 +373,9 @@ def unfreeze(
     ]
     if opt is not None:
         schedulers = target.schedulers
+        adopted = [] if explicit else _adopted(opt, target.model, blocks)
+        taken = {id(new) for _, new in adopted}
+        per_block = [[p for p in ps if id(p) not in taken] for ps in per_block]
         planned = list(zip(blocks, lrs, per_block, strict=True))
         homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
         if new_groups and target.rebuilt is not None:
@@ -385,6 +389,16 @@ def unfreeze(
             scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
         scheduler_sync.snapshot(schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
+        if adopted:
+            where = group_index(opt)
+            places = [(where[id(old)], fresh) for old, fresh in adopted]
+            editor.remove([old for old, _ in adopted])
+            for index, fresh in places:
+                editor.join(index, [fresh])
+            notes.append(
+                f"{len(adopted)} tensor(s) of the module(s) replaced by hand left the "
+                "optimizer with their state; the new ones took their param groups"
+            )
         moves = _merged(homecoming)
         editor.detach_ahead(
             [p for _, ps in moves for p in ps] + [p for g in new_groups for p in g.params]
@@ -406,6 +420,13 @@ def unfreeze(
     return _effect(
         target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes, resynced=resynced
     )
+
+
+def _adopted(
+    opt: torch.optim.Optimizer, model: nn.Module, blocks: Sequence[Block]
+) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """(old, new) for each block assigned by hand over a module the optimizer still holds."""
+    return [p for b in blocks if b.recurse for p in replaced.predecessors(opt, model, b.module)]
 
 
 def _head_groups(

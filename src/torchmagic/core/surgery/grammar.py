@@ -198,6 +198,12 @@ def parse_lr(text: str) -> float | tuple[float, float]:
     """``lr=1e-4`` or the discriminative spread ``lr=1e-5:1e-4``."""
     if ":" in text:
         first, _, last = text.partition(":")
+        if not first.strip() or not last.strip():
+            raise TorchMagicError(
+                f"lr={text}: a discriminative range needs both ends, e.g. lr=1e-5:1e-4 "
+                "(the first block's lr, then the last one's)",
+                param="lr",
+            )
         return (parse_positive_float(first, "lr"), parse_positive_float(last, "lr"))
     return parse_positive_float(text, "lr")
 

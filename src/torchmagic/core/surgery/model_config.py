@@ -51,7 +51,8 @@ def check_labels(
     if _label_config(model) is None:
         raise TorchMagicError(
             f"{type(model).__name__} keeps no label map to store class names in "
-            "(Hugging Face models keep one in their config)",
+            f"(Hugging Face models keep one in their config); give the count instead of "
+            f"labels=: {num_classes}",
             param="labels",
         )
     if not _replaces_main(heads):

@@ -52,6 +52,31 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {line[:120]}" if line else type(error).__name__
 
 
+def _takes(module: nn.Module) -> str:
+    """The input a layer takes, in words: ``(batch, 3, H, W)``; "" for other modules."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        sizes = (
+            ("L",) if len(module.kernel_size) == 1 else ("D", "H", "W")[-len(module.kernel_size) :]
+        )
+        return f"(batch, {module.in_channels}, {', '.join(sizes)})"
+    if isinstance(module, nn.Linear):
+        return f"(batch, …, {module.in_features})"
+    return ""
+
+
+def _misfit(shape: tuple[int, ...], where: str, module: nn.Module, error: Exception) -> str:
+    """Why the model could not run on an input of ``shape``, in our words: what the layer
+    that refused it takes (torch's own message only where we cannot say that)."""
+    layer = f"{where or 'the model'} ({type(module).__name__})"
+    takes = _takes(module)
+    if not takes:
+        return f"input_shape {shape}: the forward failed in {layer}: {_first_line(error)}"
+    return (
+        f"input_shape {shape} does not fit the model: {layer} takes {takes}; give the shape "
+        "batch first, e.g. (1, 3, 224, 224), or leave it out"
+    )
+
+
 def output_shapes(model: nn.Module, input_shape: Sequence[int]) -> Shapes:
     """Every module's output on a meta input of ``input_shape`` (batch dimension
     included: ``(1, 3, 224, 224)``), by the names ``model.named_modules()`` gives."""
@@ -97,14 +122,9 @@ def output_shapes(model: nn.Module, input_shape: Sequence[int]) -> Shapes:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             replica(x)
     except Exception as error:  # the shape does not fit, or an op cannot run on meta
-        where = f" in {running[-1] or 'the model'}" if running else ""
-        kind = type(replica.get_submodule(running[-1])).__name__ if running else ""
-        raise TorchMagicError(
-            f"the forward on a meta input of shape {shape} failed{where}"
-            f"{f' ({kind})' if kind else ''}: {_first_line(error)}; give the shape the model "
-            "takes, batch first (1,3,224,224), or leave input_shape out",
-            param="input_shape",
-        ) from None
+        where = running[-1] if running else ""
+        message = _misfit(shape, where, replica.get_submodule(where), error)
+        raise TorchMagicError(message, param="input_shape") from None
     finally:
         for hook in hooks:
             hook.remove()

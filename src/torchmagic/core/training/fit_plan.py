@@ -3,6 +3,7 @@ checks that refuse a plan that cannot train before anything changes."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -83,9 +84,12 @@ def resolve_loss(name: str | Callable, namespace: Mapping[str, object]) -> Calla
         )
     if callable(value) and _user_defined(value):
         return value
+    word = name.lower().removesuffix("loss").rstrip("_") or name.lower()  # CrossEntropyLoss
+    close = difflib.get_close_matches(word, list(LOSSES), n=2)
+    names = " or ".join(close) if close else f"one of {', '.join(LOSSES)}"
+    hint = f"did you mean {names}?" if close else f"use {names}"
     raise TorchMagicError(
-        f"unknown loss '{name}': use one of {', '.join(LOSSES)} or the name of a loss "
-        "function you defined",
+        f"unknown loss '{name}'; {hint} (or the name of a loss function you defined)",
         param="loss",
     )
 

@@ -1,5 +1,6 @@
 """Parameters and the optimizer: tensors that never change, frozen ones that still move,
-optimizer state that belongs elsewhere, optimizers of a model that was re-created."""
+optimizer state that belongs elsewhere, optimizers of a model that was re-created or whose
+head was replaced by hand."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from ...advice import PLACEHOLDER, Call
 from ...modules import parameter_names
+from ...surgery.replaced import predecessors
 from ...tensors import held_ids, optimizer_params, state_bytes
 from ..context import DoctorContext, ModelEntry
 from ..findings import Finding, block_call, first_names
@@ -19,6 +21,42 @@ checks = CheckGroup()
 
 def _recreate(opt_name: str, opt: torch.optim.Optimizer, model_name: str) -> str:
     return f"{opt_name} = torch.optim.{type(opt).__name__}({model_name}.parameters(), lr=…)"
+
+
+def _replaced_by_hand(model: ModelEntry, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """Module path → tensors the optimizer still holds of the module it replaced by
+    assignment (``model.fc = nn.Linear(…)``); outermost modules only."""
+    found: dict[str, int] = {}
+    for path, module in model.module.named_modules():
+        if not path or any(path.startswith(f"{done}.") for done in found):
+            continue
+        pairs = predecessors(opt, model.module, module)
+        if pairs and all(new.requires_grad for _, new in pairs):
+            found[path] = len(pairs)
+    return found
+
+
+def _head_by_hand(
+    opt_name: str, left: int, model: ModelEntry, opt: torch.optim.Optimizer
+) -> Finding | None:
+    """The finding for a head assigned by hand, when that is all the stale tensors are."""
+    swapped = _replaced_by_hand(model, opt)
+    if not swapped or sum(swapped.values()) != left:
+        return None
+    paths = [f"{model.name}.{p}" for p in swapped]
+    return Finding(
+        "head-replaced-by-hand",
+        "error",
+        f"{opt_name}: {', '.join(paths)}",
+        f"{', '.join(paths)} was replaced by assignment: {opt_name} still holds the old "
+        f"module's {left} tensor(s), and the new one's are in no param group (they get "
+        "gradients but never change)",
+        (
+            Call("unfreeze", tuple(paths)),
+            f" puts the new one in the old one's param groups; the old tensors leave with "
+            f"their state, the rest of {opt_name}'s state stays",
+        ),
+    )
 
 
 @checks.each_optimizer
@@ -33,6 +71,18 @@ def stale_optimizer(
         return
     mine = [m.name for m in context.models if (opt_name, opt) in m.optimizers]
     untrained = [m.name for m in context.models if not m.optimizers]
+    by_hand = (
+        next(
+            (m for m in context.models if m.name == mine[0] and (opt_name, opt) in m.optimizers),
+            None,
+        )
+        if mine
+        else None
+    )
+    found = _head_by_hand(opt_name, left, by_hand, opt) if by_hand is not None else None
+    if found is not None:
+        yield found
+        return
     if mine:
         message = (
             f"{opt_name} holds {left} tensor(s) of a model no variable names besides "
@@ -75,6 +125,9 @@ def unoptimized(context: DoctorContext, model: ModelEntry) -> Iterator[Finding]:
     name = model.name
     opt_names = " / ".join(n for n, _ in opts)
     mixed = [(n, o) for n, o in opts if n in context.orphans]
+    swapped = [f"{p}." for n, o in mixed for p in _replaced_by_hand(model, o)]
+    if swapped and all(n.startswith(tuple(swapped)) for n in missing):
+        return  # a head assigned by hand: stale_optimizer names it, with the fix
     fix = (
         f"re-create {mixed[0][0]} over {name} ({_recreate(*mixed[0], name)}): it also holds "
         "parameters of a model no variable names"
