@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .advice import Call
+from .ema_owners import EmaOwners
 from .errors import TorchMagicError
 from .integrations import discovery, ema
 from .integrations.discovery import Found
@@ -47,6 +48,7 @@ class Workspace:
         # has taken all of the model's out of it, until the name is bound to another
         self._used_optimizer: dict[str, weakref.ref] = {}
         self._pinned: list[Found] | None = None  # the walk, while a command resolves
+        self.ema_owners = EmaOwners()  # whose each EMA copy is, decided at first sight
 
     def items(self) -> Iterator[tuple[str, object]]:
         """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
@@ -119,18 +121,14 @@ class Workspace:
         """Every EMA helper the walk reaches: (path, its averaged copy)."""
         return [(f.path, copy) for f in self.found() if (copy := ema.averaged(f.held)) is not None]
 
-    def ema_copies(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        """EMA helpers keeping an average of ``model`` (path, averaged copy): those whose
-        copy has ``model``'s parameter names and shapes."""
+    def ema_copies(self, model: nn.Module) -> tuple[list[tuple[str, nn.Module]], str | None]:
+        """EMA helpers keeping an average of ``model`` (path, averaged copy): those shaped
+        like it that belong to it, and why one shaped like it is unplaced (see
+        :mod:`.ema_owners`)."""
         helpers = self.ema_helpers()
         if not helpers:
-            return []
-        shapes = parameter_shapes(model)
-        return [
-            (path, copy)
-            for path, copy in helpers
-            if copy is not model and parameter_shapes(unwrap(copy)) == shapes
-        ]
+            return [], None
+        return self.ema_owners.copies_of(model, helpers, self.models())
 
     def resolve_model(self, name: str | None = None) -> tuple[str, nn.Module]:
         """The named model, else the current one, else the only one in the namespace."""
@@ -404,15 +402,6 @@ class Workspace:
             out.setdefault(id(f.value), f.path)
             out.setdefault(id(f.held), f.path)
         return out
-
-
-def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...] | None]:
-    """Each parameter's shape by qualified name (None while a lazy module has none yet):
-    the structure an EMA copy must share."""
-    return {
-        name: None if isinstance(p, nn.parameter.UninitializedParameter) else tuple(p.shape)
-        for name, p in model.named_parameters()
-    }
 
 
 def _has_parameters(value: object) -> TypeGuard[nn.Module]:

@@ -20,7 +20,6 @@ from ..rng import preserved_rng
 from ..training.data import base_dataset, load_batch, split_batch, transform_parts
 
 TARGET_ATTRIBUTES = ("targets", "labels", "y")
-IGNORE_INDEX = -100  # cross_entropy's default ignore_index: a legal "no label"
 # errors a user's dataset may raise when fetched out of its usual context
 _FETCH_ERRORS = (IndexError, KeyError, TypeError, ValueError, RuntimeError, OSError)
 

@@ -49,6 +49,7 @@ def bind(
                 raise
             opt_name, opt = None, None
         real = unwrap(model)
+        copies, unclear = workspace.ema_copies(real)
         return edits.BoundModel(
             real,
             name,
@@ -57,7 +58,8 @@ def bind(
             workspace.schedulers(opt) if opt is not None else [],
             names=workspace.names(),
             rebuilt=None if opt_name is None else workspace.rebuilt(opt_name),
-            ema_copies=workspace.ema_copies(real),
+            ema_copies=copies,
+            ema_unclear=unclear,
         )
 
 

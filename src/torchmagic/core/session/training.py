@@ -21,6 +21,7 @@ from ..surgery import edits, heads, scheduler_sync
 from ..surgery.base_lrs import base_lrs
 from ..surgery.results import Replay
 from ..training.amp import Accumulation
+from ..training.counts import check_ceiling
 from ..training.fit import fit as run_fit
 from ..training.fit_events import FitHistory, FitObserver, StopReason
 from ..training.fit_plan import FitPlan, check_plan, resolve_loss
@@ -324,6 +325,7 @@ def fine_tune(
     for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
+        check_ceiling(value, what)
     if lr is not None and not (
         isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")
     ):

@@ -40,6 +40,15 @@ class BoundModel:
     rebuilt: str | None = None
     # EMA copies of the model: (path, averaged copy), kept in step with its structure
     ema_copies: list[tuple[str, nn.Module]] = field(default_factory=list)
+    # why a copy shaped like the model has no known owner (edits of its structure refuse)
+    ema_unclear: str | None = None
+
+
+def check_ema_owners(target: BoundModel) -> None:
+    """An edit of the model's structure that its EMA copies must follow refuses while a
+    copy shaped like the model has no known owner (it would edit the wrong model's)."""
+    if target.ema_unclear is not None:
+        raise TorchMagicError(target.ema_unclear)
 
 
 def _set_requires_grad(params: Sequence[nn.Parameter], flag: bool, tx: Transaction) -> None:
@@ -524,6 +533,7 @@ def replace_head(
 ) -> Effect:
     """Replace the heads found in ``root`` (at ``root_name`` inside the model), and keep
     the model's class count and label map in step (:mod:`.model_config`)."""
+    check_ema_owners(target)
     if num_classes < 1:
         raise TorchMagicError(
             f"the number of classes must be at least 1, got {num_classes}", param="num_classes"

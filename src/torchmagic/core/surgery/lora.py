@@ -29,7 +29,14 @@ from ..integrations import peft
 from ..integrations.peft import LoraOptions
 from ..modules import parent_of, unique_parameters
 from . import optimizer_sync, scheduler_sync
-from .edits import BoundModel, _drop_grads, _numel, _set_requires_grad, head_group
+from .edits import (
+    BoundModel,
+    _drop_grads,
+    _numel,
+    _set_requires_grad,
+    check_ema_owners,
+    head_group,
+)
 from .optimizer_sync import OptimizerEditor
 from .results import Effect
 from .selection import Selection
@@ -167,6 +174,7 @@ def add(
     """Adapt the selected layers with LoRA made with ``options``; the adapters train in
     a new group at base lr ``lr`` (default: the head group's base lr). ``later``: what
     will build an optimizer for the model later (said in the notes)."""
+    check_ema_owners(target)
     opt = target.optimizer
     if opt is None and lr is not None:
         raise TorchMagicError(
@@ -272,6 +280,7 @@ def merge(target: BoundModel, tx: Transaction) -> Effect:
     """Fold every LoRA layer of the model into its base layer and put the base layer back
     in its place, trainable as before the adapters came (peft's own layers: as they are
     now); the adapters leave the optimizer."""
+    check_ema_owners(target)
     layers = _adapted(target.model, target.model_name)
     adapters = [p for _, layer in layers for p in peft.adapter_parameters(layer)]
     opt = target.optimizer

@@ -27,6 +27,7 @@ import torch
 from ..choices import MODES
 from ..errors import TorchMagicError
 from ..tensors import optimizer_params
+from .counts import check_ceiling
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -201,6 +202,7 @@ def check_accumulate(accumulate: object) -> int:
             f"accumulate must be a whole number of batches ≥ 1, got {accumulate!r}",
             param="accumulate",
         )
+    check_ceiling(accumulate, "accumulate")
     return accumulate
 
 

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..advice import Advice, Call
 from ..errors import TorchMagicError
-from .data import call_model
+from ..surgery import heads
+from .data import IGNORE_INDEX, call_model
 
 if TYPE_CHECKING:
     from .fit_plan import FitPlan
@@ -35,6 +37,7 @@ def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Ten
     except (TorchMagicError, torch.OutOfMemoryError):  # already one line; not the loss's
         raise
     except (TypeError, ValueError, RuntimeError, IndexError, AttributeError) as error:
+        _refuse_label_past_head(plan, output, targets, error)
         if not first:
             raise
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -49,6 +52,49 @@ def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Ten
             param="loss",
         )
     return loss
+
+
+def _refuse_label_past_head(plan: FitPlan, output: Any, targets: Any, error: Exception) -> None:
+    """A loss that failed on class labels outside the outputs (at any step: a later batch
+    of a dataset with more classes than the head) is refused in one line naming the
+    label, the head's size and the fix; anything else is left to the caller."""
+    if not (
+        isinstance(output, torch.Tensor)
+        and output.ndim >= 2
+        and isinstance(targets, torch.Tensor)
+        and targets.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+        and output.shape[:1] == targets.shape[:1]
+    ):
+        return
+    labels = targets[targets != IGNORE_INDEX]
+    classes = output.shape[1]
+    if not labels.numel():
+        return
+    low, high = int(labels.min()), int(labels.max())
+    if 0 <= low and high < classes:
+        return
+    try:
+        head: heads.Head | None = heads.find_head(plan.model)
+    except TorchMagicError:
+        head = None
+    where = (
+        f"the head {plan.model_name}.{head.name}"
+        if head is not None and head.name and head.out_features == classes
+        else f"the output of {plan.model_name}"
+    )
+    fix: Advice = (f"map the labels to 0..{classes - 1}",)
+    if high >= classes and head is not None and where.startswith("the head"):
+        fix = (
+            Call("replace_head", (f"{plan.model_name}.{head.name}", high + 1)),
+            f" for {high + 1} classes, or map the labels to 0..{classes - 1}",
+        )
+    raise TorchMagicError(
+        (
+            f"a batch has label {high if high >= classes else low} but {where} has "
+            f"{classes} outputs (labels 0 to {classes - 1}): ",
+            *fix,
+        )
+    ) from error
 
 
 def forward_loss(

@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from ..errors import TorchMagicError
 
+IGNORE_INDEX = -100  # cross_entropy's default ignore_index: a legal "no label"
+
 # torchvision.transforms (v1 and v2) classes whose output changes from call to call.
 _RANDOM_TRANSFORMS = frozenset(
     {

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import TorchMagicError
 from .amp import AmpController, check_accumulate, check_clip
+from .counts import check_ceiling
 from .data import load_batch, split_batch
 from .fit_events import FitObserver, SilentObserver
 from .progressive import Pacing, check_pacing
@@ -137,6 +138,11 @@ def check_plan(plan: FitPlan) -> None:
             f"sched_step must be 'batch', 'epoch' or None, got {plan.sched_step!r}",
             param="sched_step",
         )
+    for param in ("epochs", "max_steps"):
+        check_ceiling(getattr(plan, param), param)
+    if plan.pacing is not None:
+        check_ceiling(plan.pacing.every, "every")
+        check_ceiling(plan.pacing.patience, "patience")
     check_accumulate(plan.accumulate)
     check_clip(plan.clip)
     _check_batches(plan.train, "train")

@@ -41,6 +41,7 @@ from ..rng import preserved_rng
 from ..tensors import optimizer_params, unique
 from .batch_loss import train_step
 from .batch_sources import batch_source
+from .counts import check_ceiling
 from .fit_events import FitStart, StepInfo, discard_progress
 from .fit_plan import FitPlan, check_plan
 from .run_guards import ctrl_c_requests_stop, module_mode
@@ -92,6 +93,7 @@ def check_range(start: float, end: float, steps: int) -> None:
         raise TorchMagicError(f"start ({start:g}) must be below end ({end:g})", param="start")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise TorchMagicError(f"steps must be an integer ≥ 2, got {steps!r}", param="steps")
+    check_ceiling(steps, "steps")
 
 
 # -- putting everything back -------------------------------------------------------------

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from ...advice import Call
 from ...errors import TorchMagicError
 from ...surgery.heads import Head, find_head
+from ...training.data import IGNORE_INDEX
 from ...workspace import Workspace
 from ...zoo import WeightsInfo, describe, expected_inputs, is_weights
 from .. import datasets
@@ -73,7 +74,7 @@ def _label_range(name: str, head: Head, sources: list[_Data]) -> Iterator[Findin
         labels = _labels(source)
         if labels is None:
             continue
-        real = labels[labels != datasets.IGNORE_INDEX]
+        real = labels[labels != IGNORE_INDEX]
         if not real.numel():
             continue
         low, high = int(real.min()), int(real.max())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ...ema_owners import parameter_shapes
 from ...modules import unwrap
-from ...workspace import parameter_shapes
 from ..context import DoctorContext
 from ..findings import Finding
 from ..registry import CheckGroup
