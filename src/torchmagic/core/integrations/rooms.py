@@ -18,11 +18,6 @@ _ROOMS = {
     "lightning": "lightning",
     "pytorch_lightning": "lightning",
     "lightning_fabric": "lightning",
-    "finetuning_scheduler": "lightning",
-    "transformers": "transformers",
-    "fastai": "fastai",
-    "ignite": "ignite",
-    "skorch": "skorch",
     "torch": "ema",
     "timm": "ema",
 }
@@ -36,8 +31,8 @@ def room(obj: object) -> ModuleType | None:
 
 def inner(obj: object) -> object:
     """``obj`` with known wrappers seen through (``AcceleratedOptimizer.optimizer``,
-    ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``, fastai's
-    ``OptimWrapper``), wrappers of wrappers too."""
+    ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``), wrappers of
+    wrappers too."""
     for _ in range(8):  # bounded
         known = room(obj)
         wraps = getattr(known, "WRAPS", {}) if known is not None else {}
