@@ -12,32 +12,19 @@ Each object is named by the path the user would type, first (shortest) path winn
 
 from __future__ import annotations
 
-import importlib
 import types
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 from torch import nn
 
 from ..surgery import scheduler_sync
-from .classes import named, package_of
+from .rooms import inner, room
 
 MAX_DEPTH = 2  # attribute levels below a variable
 MAX_MEMBERS = 64  # per object: a bounded walk, also over a huge list or config object
-
-# top-level package → the room that knows it (imported when such an object is met)
-_ROOMS = {
-    "accelerate": "accelerate",
-    "lightning": "lightning",
-    "pytorch_lightning": "lightning",
-    "lightning_fabric": "lightning",
-    "torch": "ema",
-    "timm": "ema",
-    "transformers": "transformers",
-}
 
 # never searched inside: their insides are not where users keep their objects
 _OPAQUE = (
@@ -74,25 +61,6 @@ class Found:
     def in_container(self) -> bool:
         """Reached through a list, tuple or dict item (``models['a']``)."""
         return "[" in self.path
-
-
-def room(obj: object) -> ModuleType | None:
-    """The room of the library defining ``obj``'s class, if torchmagic knows it."""
-    name = _ROOMS.get(package_of(obj))
-    return None if name is None else importlib.import_module(f"{__package__}.{name}")
-
-
-def inner(obj: object) -> object:
-    """``obj`` with known wrappers seen through (``AcceleratedOptimizer.optimizer``,
-    ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``)."""
-    for _ in range(8):  # wrappers of wrappers, bounded
-        known = room(obj)
-        wraps = getattr(known, "WRAPS", {}) if known is not None else {}
-        attribute = next((a for cls, a in wraps.items() if named(obj, cls)), None)
-        if attribute is None:
-            return obj
-        obj = getattr(obj, attribute)
-    return obj
 
 
 def _members(obj: object) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:

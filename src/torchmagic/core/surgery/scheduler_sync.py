@@ -25,6 +25,7 @@ import torch
 from torch.optim import lr_scheduler as torch_schedulers
 
 from ..errors import TorchMagicError
+from ..integrations.rooms import same
 from .optimizer_sync import group_label
 from .transaction import Transaction
 
@@ -129,19 +130,20 @@ def looks_like_scheduler(obj: object, optimizer: torch.optim.Optimizer) -> bool:
     keeps per-group lists: it would silently go out of step with a new group."""
     if is_scheduler(obj) or not callable(getattr(obj, "step", None)):
         return False
-    if not any(v is optimizer for v in _attributes(obj).values()):
+    if not any(same(v, optimizer) for v in _attributes(obj).values()):
         return False
     return bool(per_group_lists(obj, len(optimizer.param_groups)))
 
 
 def bound_to(candidates: Iterable[object], optimizer: torch.optim.Optimizer) -> list[object]:
     """What among ``candidates`` drives ``optimizer``: its schedulers (with their children),
-    then objects that look like schedulers of it."""
+    then objects that look like schedulers of it. A scheduler built on a wrapper of
+    ``optimizer`` (Accelerate's ``AcceleratedOptimizer``) drives it too."""
     candidates = list(candidates)
     found = [
         s
         for s in flatten(c for c in candidates if is_scheduler(c))
-        if getattr(s, "optimizer", None) is optimizer
+        if same(getattr(s, "optimizer", None), optimizer)
     ]
     seen = {id(s) for s in found}
     for c in candidates:

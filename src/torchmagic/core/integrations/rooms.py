@@ -1,0 +1,49 @@
+"""Which room knows an object, and the one helper that sees through every wrapper.
+
+Every identity test ("does this scheduler drive that optimizer?", "does this object hold
+the model?") compares objects with their wrappers seen through on both sides: a scheduler
+built on Accelerate's ``AcceleratedOptimizer`` drives the optimizer inside it. The rooms
+are imported only when an object of their library is met."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .classes import named, package_of
+
+# top-level package → the room that knows it (imported when such an object is met)
+_ROOMS = {
+    "accelerate": "accelerate",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning_fabric": "lightning",
+    "torch": "ema",
+    "timm": "ema",
+    "transformers": "transformers",
+}
+
+
+def room(obj: object) -> ModuleType | None:
+    """The room of the library defining ``obj``'s class, if torchmagic knows it."""
+    name = _ROOMS.get(package_of(obj))
+    return None if name is None else importlib.import_module(f"{__package__}.{name}")
+
+
+def inner(obj: object) -> object:
+    """``obj`` with known wrappers seen through (``AcceleratedOptimizer.optimizer``,
+    ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``), wrappers of
+    wrappers too."""
+    for _ in range(8):  # bounded
+        known = room(obj)
+        wraps = getattr(known, "WRAPS", {}) if known is not None else {}
+        attribute = next((a for cls, a in wraps.items() if named(obj, cls)), None)
+        if attribute is None:
+            return obj
+        obj = getattr(obj, attribute)
+    return obj
+
+
+def same(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` are one object once every wrapper is seen through."""
+    return a is b or (a is not None and inner(a) is inner(b))
