@@ -288,3 +288,31 @@ def set_enabled(layer: Any, flag: bool) -> None:
     layer.enable_adapters(flag)
     for p, was in flags:
         p.requires_grad_(was)
+
+
+def width(module: object, side: str) -> int | None:
+    """A layer's input (``side="in"``) or output width: a Linear's features, a Conv's
+    channels (a LoRA layer has its base layer's); None for other layers."""
+    for attr in (f"{side}_features", f"{side}_channels"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def broken_adapters(layer: Any) -> list[str]:
+    """What no longer lines up in a LoRA layer (its forward would fail): no base layer,
+    or an adapter whose A does not read the base's input or whose B does not write its
+    output. Empty when it is whole."""
+    base = getattr(layer, "base_layer", None)
+    if not isinstance(base, nn.Module):
+        return ["its base layer is missing"]
+    wrong = []
+    for name, a in layer.lora_A.items():
+        b = layer.lora_B[name] if name in layer.lora_B else None
+        if width(a, "in") != width(base, "in") or width(b, "out") != width(base, "out"):
+            wrong.append(
+                f"adapter '{name}' ({width(a, 'in')}→{width(b, 'out')}) no longer fits its "
+                f"base layer ({width(base, 'in')}→{width(base, 'out')})"
+            )
+    return wrong

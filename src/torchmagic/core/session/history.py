@@ -12,9 +12,11 @@ from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 from ..modules import unwrap
 from ..surgery.counting import count, describe_groups, group_keys
+from ..surgery.edits import BoundModel
 from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
+from . import invariants
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -65,6 +67,18 @@ def undo(session: Session) -> Change:
     model = record.model()
     assert model is not None  # bound, so alive
     opt = None if record.optimizer is None else record.optimizer()
+    workspace = session.workspace
+    schedulers = workspace.schedulers(opt) if opt is not None else []
+    target = BoundModel(
+        model,
+        record.change.model_name,
+        opt,
+        record.change.optimizer_name,
+        list(schedulers),
+        workspace.names(),
+        ema_copies=workspace.ema_copies(model),
+    )
+    observed = invariants.observe(target)
 
     def revert() -> tuple[Counts, dict]:
         measured = count(model), group_keys(opt)
@@ -72,7 +86,7 @@ def undo(session: Session) -> Change:
         return measured
 
     before, groups_before = uninterrupted(revert)
-    workspace = session.workspace
+    invariants.check(target, observed, record.change.command, undone=True)
     return replace(
         record.change,
         effect=Effect(record.change.effect.modules, record.change.effect.params),
@@ -80,12 +94,7 @@ def undo(session: Session) -> Change:
         command=("undo ", *as_advice(record.change.command)),
         before=before,
         after=count(model),
-        groups=describe_groups(
-            opt,
-            groups_before,
-            workspace.schedulers(opt) if opt is not None else (),
-            workspace.names(),
-        ),
+        groups=describe_groups(opt, groups_before, target.schedulers, target.names),
     )
 
 

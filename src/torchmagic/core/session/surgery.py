@@ -29,7 +29,7 @@ from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
 from ..workspace import Workspace
-from . import history, names
+from . import history, invariants, names
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -84,14 +84,17 @@ def _atomically(
     dry_run: bool,
     replay: Replay | None = None,
 ) -> tuple[Change, int]:
-    """``apply`` in a transaction, then recorded (the commit point) and settled; or
-    rolled back. Returns the change and how many old records the history dropped."""
+    """``apply`` in a transaction, checked (the post-condition), then recorded (the
+    commit point) and settled; or rolled back. Returns the change and how many old
+    records the history dropped."""
     tx = Transaction()
+    before = invariants.observe(target)
     try:
         change = apply(tx)
         if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
             return change, 0
+        invariants.check(target, before, change.command)
         dropped = session._history.push(
             change,
             target.model,
