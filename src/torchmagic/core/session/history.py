@@ -69,6 +69,7 @@ def undo(session: Session) -> Change:
     opt = None if record.optimizer is None else record.optimizer()
     workspace = session.workspace
     schedulers = workspace.schedulers(opt) if opt is not None else []
+    copies, unclear = workspace.ema_copies(model)
     target = BoundModel(
         model,
         record.change.model_name,
@@ -76,7 +77,8 @@ def undo(session: Session) -> Change:
         record.change.optimizer_name,
         list(schedulers),
         workspace.names(),
-        ema_copies=workspace.ema_copies(model),
+        ema_copies=copies,
+        ema_unclear=unclear,
     )
     observed = invariants.observe(target)
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..advice import Advice, Command, as_advice
+from ..ema_owners import parameter_shapes
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import unique_parameters, unwrap
 from ..surgery.edits import BoundModel
 from ..surgery.scheduler_sync import mismatches
-from ..workspace import parameter_shapes
 
 _NO_GROUP = "is trainable but in no param group"
 _FROZEN = "is frozen but still in a param group"
