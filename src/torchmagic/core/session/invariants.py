@@ -151,15 +151,25 @@ def _widths(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
     compared through the first layer inside it)."""
     own: dict[str, int] = {}
     first: dict[str, int] = {}
+    waiting: list[str] = []  # the ancestors of this module with no layer inside yet
     for name, module in model.named_modules():
+        # in pre-order, a module left behind has no layer after this point
+        while waiting and not _inside(name, waiting[-1]):
+            waiting.pop()
         value = peft.width(module, "in")
         if value is None:
+            waiting.append(name)
             continue
         own[name] = value
-        parts = name.split(".") if name else []
-        for depth in range(len(parts) + 1):
-            first.setdefault(".".join(parts[:depth]), value)
+        first[name] = value
+        for ancestor in waiting:
+            first[ancestor] = value
+        waiting.clear()
     return own, first
+
+
+def _inside(name: str, ancestor: str) -> bool:
+    return not ancestor or name.startswith(ancestor + ".")
 
 
 def _changed_widths(
