@@ -122,8 +122,9 @@ def sharded_by(model: nn.Module, namespace_items: Iterable[tuple[str, object]] =
     (FSDP1), or None."""
     if _has_fsdp1(model, _wrappers_of(model, namespace_items)):
         return "FullyShardedDataParallel"
-    if any(_is_a(m, "FSDPModule") for m in walk(model)) or any(
-        _is_a(p, "DTensor") for p in model.parameters()
+    if _process_group() and (
+        any(_is_a(m, "FSDPModule") for m in walk(model))
+        or any(_is_a(p, "DTensor") for p in model.parameters())
     ):
         return "fully_shard"
     return None
@@ -134,7 +135,7 @@ def count_scope(model: nn.Module, namespace_items: Iterable[tuple[str, object]])
     rank's flat shards), "gathered" (FSDP2's DTensors report full sizes), else None."""
     if _has_fsdp1(model, _wrappers_of(model, namespace_items)):
         return "per-rank"
-    if any(_is_a(p, "DTensor") for p in model.parameters()):
+    if _process_group() and any(_is_a(p, "DTensor") for p in model.parameters()):
         return "gathered"
     return None
 
@@ -334,10 +335,17 @@ def _fsdp_parts(model: nn.Module) -> Iterator[nn.Module]:
             yield module
 
 
+def _process_group() -> bool:
+    """Whether a process group is initialised: FSDP wrappers, ``fully_shard`` modules and
+    DTensors are built on one, so without it no model holds any and the walks looking
+    for them (a millisecond each on a 700-module model, every command) are skipped."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def _has_fsdp1(model: nn.Module, wrappers: list[tuple[str, nn.Module]]) -> bool:
     if any("_fsdp_wrapped_module" in w._modules for _, w in wrappers):
         return True
-    return next(_fsdp_parts(model), None) is not None
+    return _process_group() and next(_fsdp_parts(model), None) is not None
 
 
 def _refuse_fsdp(action: str, model: nn.Module, wrappers: list[tuple[str, nn.Module]]) -> None:

@@ -66,14 +66,15 @@ def walk(model: nn.Module) -> Iterator[nn.Module]:
     """Every module once, in registration order: ``model.modules()`` without its nested
     generators, which dominate the cost of counting a 700-module model."""
     seen: set[int] = set()
-    stack = [model]
+    stack: list[nn.Module | None] = [model]
     while stack:
         module = stack.pop()
-        if id(module) in seen:
+        if module is None or id(module) in seen:  # None: a child slot left empty
             continue
         seen.add(id(module))
         yield module
-        stack.extend(m for m in reversed(module._modules.values()) if m is not None)
+        if module._modules:
+            stack.extend(reversed(module._modules.values()))
 
 
 def unique_parameters(modules: Iterable[nn.Module], recurse: bool = True) -> list[nn.Parameter]:

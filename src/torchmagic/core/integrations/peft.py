@@ -293,11 +293,26 @@ def set_enabled(layer: Any, flag: bool) -> None:
 def width(module: object, side: str) -> int | None:
     """A layer's input (``side="in"``) or output width: a Linear's features, a Conv's
     channels (a LoRA layer has its base layer's); None for other layers."""
-    for attr in (f"{side}_features", f"{side}_channels"):
-        value = getattr(module, attr, None)
-        if isinstance(value, int):
+    for attr in _WIDTH_ATTRIBUTES[side]:
+        value = _int_attribute(module, attr)
+        if value is not None:
             return value
     return None
+
+
+_WIDTH_ATTRIBUTES = {side: (f"{side}_features", f"{side}_channels") for side in ("in", "out")}
+
+
+def _int_attribute(obj: object, attr: str) -> int | None:
+    """``getattr(obj, attr, None)`` if it is an int, without the AttributeError a module
+    raises for a missing name (most of the cost of reading every module of a model): what
+    neither its class nor its ``__dict__`` holds lives in its parameters, buffers or
+    children, never an int."""
+    if isinstance(obj, nn.Module) and not hasattr(type(obj), attr):
+        value = obj.__dict__.get(attr)
+    else:
+        value = getattr(obj, attr, None)
+    return value if isinstance(value, int) else None
 
 
 def broken_adapters(layer: Any) -> list[str]:

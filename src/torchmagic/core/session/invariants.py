@@ -13,6 +13,7 @@ Cheap by design: identities, lengths and shapes, never tensor values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -46,11 +47,12 @@ class Observed:
     alive: list[object] = field(default_factory=list)
 
 
-def observe(target: BoundModel) -> Observed:
-    """What is already wrong before a command (see the module's docstring)."""
+def observe(target: BoundModel, parameters: Sequence[nn.Parameter] | None = None) -> Observed:
+    """What is already wrong before a command (see the module's docstring); ``parameters``:
+    the model's, each once, when the caller has just walked it for them."""
     alive: list[object] = []
     problems = {
-        **_group_problems(target, alive),
+        **_group_problems(target, alive, parameters),
         **_scheduler_problems(target, alive),
         **_ema_problems(target),
         **_adapter_problems(target.model, alive),
@@ -58,9 +60,15 @@ def observe(target: BoundModel) -> Observed:
     return Observed(problems, _widths(target.model), alive)
 
 
-def check(target: BoundModel, before: Observed, command: Command, undone: bool = False) -> None:
+def check(
+    target: BoundModel,
+    before: Observed,
+    command: Command,
+    undone: bool = False,
+    parameters: Sequence[nn.Parameter] | None = None,
+) -> None:
     """Raise :class:`BrokenInvariant` naming what ``command`` (or its undo) broke."""
-    after = observe(target)
+    after = observe(target, parameters)
     new = [text for key, text in after.problems.items() if key not in before.problems]
     new += _changed_widths(before.widths, after.widths)
     if not new:
@@ -77,7 +85,9 @@ def check(target: BoundModel, before: Observed, command: Command, undone: bool =
     )
 
 
-def _group_problems(target: BoundModel, alive: list[object]) -> dict[tuple, str]:
+def _group_problems(
+    target: BoundModel, alive: list[object], parameters: Sequence[nn.Parameter] | None
+) -> dict[tuple, str]:
     opt = target.optimizer
     if opt is None:
         return {}
@@ -88,7 +98,7 @@ def _group_problems(target: BoundModel, alive: list[object]) -> dict[tuple, str]
             counts[id(p)] = counts.get(id(p), 0) + 1
             held[id(p)] = p
     found: dict[tuple, tuple[nn.Parameter, str]] = {}
-    for p in unique_parameters([target.model]):
+    for p in unique_parameters([target.model]) if parameters is None else parameters:
         n = counts.pop(id(p), 0)
         if n > 1:
             found[(_TWICE, id(p))] = (p, _TWICE)
@@ -151,15 +161,25 @@ def _widths(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
     compared through the first layer inside it)."""
     own: dict[str, int] = {}
     first: dict[str, int] = {}
+    waiting: list[str] = []  # the ancestors of this module with no layer inside yet
     for name, module in model.named_modules():
+        # in pre-order, a module left behind has no layer after this point
+        while waiting and not _inside(name, waiting[-1]):
+            waiting.pop()
         value = peft.width(module, "in")
         if value is None:
+            waiting.append(name)
             continue
         own[name] = value
-        parts = name.split(".") if name else []
-        for depth in range(len(parts) + 1):
-            first.setdefault(".".join(parts[:depth]), value)
+        first[name] = value
+        for ancestor in waiting:
+            first[ancestor] = value
+        waiting.clear()
     return own, first
+
+
+def _inside(name: str, ancestor: str) -> bool:
+    return not ancestor or name.startswith(ancestor + ".")
 
 
 def _changed_widths(

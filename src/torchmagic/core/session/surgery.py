@@ -50,8 +50,7 @@ def run(
     session.prune_history()
     notes = distributed.check_surgery(action, target.model, session.workspace.items())
 
-    def apply(tx: Transaction) -> Change:
-        before = edits.measure(target)
+    def apply(tx: Transaction, before: edits.Measured) -> tuple[Change, edits.Measured]:
         groups_before = group_keys(target.optimizer)
         effect = step(tx)
         after = edits.measure(target)
@@ -68,7 +67,7 @@ def run(
             ),
             dry_run=dry_run,
             unchanged=after.state == before.state,
-        )
+        ), after
 
     change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))
     if dropped:
@@ -80,21 +79,23 @@ def run(
 def _atomically(
     session: Session,
     target: edits.BoundModel,
-    apply: Callable[[Transaction], Change],
+    apply: Callable[[Transaction, edits.Measured], tuple[Change, edits.Measured]],
     dry_run: bool,
     replay: Replay | None = None,
 ) -> tuple[Change, int]:
     """``apply`` in a transaction, checked (the post-condition), then recorded (the
-    commit point) and settled; or rolled back. Returns the change and how many old
-    records the history dropped."""
+    commit point) and settled; or rolled back. ``apply`` gets the model measured before
+    and returns it measured after: one walk each for the counts, the state and the
+    invariants. Returns the change and how many old records the history dropped."""
     tx = Transaction()
-    before = invariants.observe(target)
+    measured = edits.measure(target)
+    before = invariants.observe(target, measured.parameters)
     try:
-        change = apply(tx)
+        change, after = apply(tx, measured)
         if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
             return change, 0
-        invariants.check(target, before, change.command)
+        invariants.check(target, before, change.command, parameters=after.parameters)
         dropped = session._history.push(
             change,
             target.model,

@@ -27,6 +27,8 @@ class Scan:
     counts: Counts
     modules: tuple[tuple[int, bool, int], ...]
     parameters: tuple[tuple[int, bool, bool], ...]
+    # the parameters themselves, each once, in the order of ``model.parameters()``
+    held_by_model: tuple[nn.Parameter, ...] = ()
 
 
 def scan(model: nn.Module, held: Container[int] = ()) -> Scan:
@@ -36,6 +38,7 @@ def scan(model: nn.Module, held: Container[int] = ()) -> Scan:
     seen: set[int] = set()
     modules: list[tuple[int, bool, int]] = []
     parameters: list[tuple[int, bool, bool]] = []
+    objects: list[nn.Parameter] = []
     total = trainable = param_bytes = buffer_bytes = 0
     for module in walk(model):
         modules.append((id(module), module.training, len(module._forward_pre_hooks)))
@@ -44,6 +47,7 @@ def scan(model: nn.Module, held: Container[int] = ()) -> Scan:
                 continue
             seen.add(id(p))
             parameters.append((id(p), p.requires_grad, id(p) in held))
+            objects.append(p)
             n = p.numel()
             total += n
             param_bytes += nbytes(p)
@@ -54,7 +58,7 @@ def scan(model: nn.Module, held: Container[int] = ()) -> Scan:
                 seen.add(id(b))
                 buffer_bytes += nbytes(b)
     counts = Counts(total, trainable, len(parameters), param_bytes, buffer_bytes)
-    return Scan(counts, tuple(modules), tuple(parameters))
+    return Scan(counts, tuple(modules), tuple(parameters), tuple(objects))
 
 
 def count(model: nn.Module) -> Counts:

@@ -112,6 +112,7 @@ class Measured:
 
     counts: Counts
     state: tuple
+    parameters: tuple[nn.Parameter, ...]  # the model's, each once (what invariants check)
 
 
 def measure(target: BoundModel) -> Measured:
@@ -123,7 +124,7 @@ def measure(target: BoundModel) -> Measured:
         tuple(group_keys(target.optimizer).values()),
         tuple(peft.enabled(layer) for _, layer in peft.lora_layers(target.model)),
     )
-    return Measured(walked.counts, state)
+    return Measured(walked.counts, state, walked.held_by_model)
 
 
 def _effect(
