@@ -38,6 +38,7 @@ from ..surgery import batchnorm, scheduler_sync
 from ..surgery.edits import BoundModel
 from ..surgery.results import HistoryEntry, Replay
 from ..training.amp import AmpController
+from . import integrity
 
 FORMAT = "torchmagic.checkpoint"
 VERSION = 1
@@ -263,6 +264,7 @@ def capture(
         payload["schedulers"].append(
             {"class": class_name(s), "state": plain(s.state_dict(), type(s).__name__)}  # type: ignore[attr-defined]
         )
+    integrity.seal(payload)
     return payload
 
 

@@ -12,6 +12,7 @@ from ..modules import parameter_names
 from ..surgery import scheduler_sync
 from ..surgery.edits import BoundModel
 from ..training.amp import choose_dtype
+from . import integrity
 from .records import bn_policies, class_name, head_layer, label_maps, short_name
 
 
@@ -53,6 +54,9 @@ def check_fresh(
     the commands replace, and every weight outside them by name and shape."""
     model, saved = target.model, payload["model"]
     name = target.model_name
+    damaged = integrity.damage(payload)
+    if damaged is not None:
+        raise _refuse(path, damaged)
     if already:
         raise _refuse(
             path,
@@ -163,3 +167,8 @@ def check_replayed(payload: dict, path: str, target: BoundModel) -> None:
                 "their order",
             )
             raise _refuse(path, f"after replaying, param group {i} differs from the file's ({odd})")
+    mismatch = integrity.state_shape_mismatch(
+        target.optimizer, opt["state"], dict(model.named_parameters())
+    )
+    if mismatch is not None:
+        raise _refuse(path, mismatch)
