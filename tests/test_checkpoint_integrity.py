@@ -3,6 +3,8 @@ file's bytes, a tensor edited to NaN, an optimizer state of the wrong shape."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -104,3 +106,70 @@ def test_an_undamaged_file_resumes_and_digests_cover_every_tensor(saved):
     torchmagic.resume(path, fresh, opt, [sched])
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+# -- all or nothing ----------------------------------------------------------------------
+
+
+def _after(module, name: str, calls: int = 1):
+    """``module.name`` that runs as ever, then raises KeyboardInterrupt at its ``calls``-th
+    call (after its work: the worst moment, half of the load done)."""
+    original = getattr(module, name)
+    count = [0]
+
+    def interrupted(*args, **kwargs):
+        result = original(*args, **kwargs)
+        count[0] += 1
+        if count[0] == calls:
+            raise KeyboardInterrupt
+        return result
+
+    return original, interrupted
+
+
+def _points():
+    import torchmagic.core.checkpoint as checkpoint_file
+    import torchmagic.core.checkpoint.restore as restore
+    import torchmagic.core.session.checkpoint as session_checkpoint
+    from torchmagic.core import sharding
+
+    return [
+        (session_checkpoint, "_replay_call", 1),
+        (session_checkpoint, "_replay_call", 3),
+        (checkpoint_file, "check_replayed", 1),
+        (torch.nn.Module, "load_state_dict", 1),
+        (restore, "_placed", 5),
+        (checkpoint_file, "load_states", 1),
+        (torch.optim.lr_scheduler.LRScheduler, "load_state_dict", 1),
+        (checkpoint_file, "load_precision", 1),
+        (restore, "restore_rng", 1),
+        (checkpoint_file, "load_rng", 1),
+        (sharding, "guard_unsharded_steps", 1),
+    ]
+
+
+@pytest.mark.parametrize("point", range(11))
+def test_an_interrupted_resume_leaves_the_state_before_and_a_retry_works(saved, monkeypatch, point):
+    path, trained = saved
+    module, name, calls = _points()[point]
+    model, opt, sched = build_net()
+    tm = torchmagic.Session(model, opt, schedulers=[sched])
+    before = snapshot(model, opt)
+    sched_before, rng_before = copy.deepcopy(sched.state_dict()), torch.get_rng_state()
+    with pytest.raises(TorchMagicError, match="nothing to undo") as nothing:
+        tm.undo()
+    original, interrupted = _after(module, name, calls)
+    monkeypatch.setattr(module, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tm.load(path)
+    monkeypatch.setattr(module, name, original)
+    assert_same(before, snapshot(model, opt))
+    assert sched.state_dict() == sched_before and torch.equal(torch.get_rng_state(), rng_before)
+    assert tm.history() == () and not tm.amp.enabled
+    with pytest.raises(TorchMagicError) as again:
+        tm.undo()
+    assert str(again.value) == str(nothing.value)
+    tm.load(path)  # the retry
+    for (key, a), b in zip(trained.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+    assert len(tm.history()) == 3

@@ -14,7 +14,7 @@ from .records import (
     summarize_resume,
     summarize_save,
 )
-from .restore import load_precision, load_rng, load_states, replays
+from .restore import keep_states, load_precision, load_rng, load_states, replays
 from .verify import check_fresh, check_replayed
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "check_fresh",
     "check_replayed",
     "class_name",
+    "keep_states",
     "load_precision",
     "load_rng",
     "load_states",

@@ -3,7 +3,8 @@ commands as replays."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..modules import parameter_names
-from ..rng import restore_rng
+from ..rng import capture_rng, restore_rng
 from ..surgery import scheduler_sync
 from ..surgery.edits import BoundModel
 from ..surgery.results import Replay
@@ -94,3 +95,39 @@ def replays(payload: dict) -> Iterator[tuple[str, Replay]]:
             entry["command"],
             Replay(r["method"], tuple(r["targets"]), tuple(r["options"].items())),
         )
+
+
+def keep_states(
+    target: BoundModel, amp: AmpController, scaler: torch.amp.GradScaler | None
+) -> Callable[[], None]:
+    """What the loads replace, kept: the returned call puts it all back (weights copied
+    in place, the optimizer's state and groups, schedulers, AMP and its GradScaler, the
+    random generators), so a load that fails half way leaves the state before it."""
+    model, opt = target.model, target.optimizer
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = None if opt is None else dict(opt.state)
+    groups = [] if opt is None else [dict(g) for g in opt.param_groups]
+    roots = scheduler_sync.roots(target.schedulers)
+    schedulers = [copy.deepcopy(s.state_dict()) for s in roots]  # type: ignore[attr-defined]
+    precision = dict(vars(amp))
+    scalers = [s for s in {id(s): s for s in (amp.scaler, scaler) if s is not None}.values()]
+    scaler_states = [copy.deepcopy(s.state_dict()) for s in scalers]
+    rng = capture_rng()
+
+    def put_back() -> None:
+        model.load_state_dict(weights, strict=True)
+        if opt is not None and state is not None:
+            opt.state.clear()
+            opt.state.update(state)
+            for group, kept in zip(opt.param_groups, groups, strict=True):
+                group.clear()
+                group.update(kept)
+        for s, kept_state in zip(roots, schedulers, strict=True):
+            s.load_state_dict(kept_state)  # type: ignore[attr-defined]
+        vars(amp).clear()
+        vars(amp).update(precision)
+        for s, kept_state in zip(scalers, scaler_states, strict=True):
+            s.load_state_dict(kept_state)
+        restore_rng(rng)
+
+    return put_back
