@@ -5,6 +5,7 @@ is ``core.checkpoint``'s, the script's ``core.export``'s."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -20,9 +21,11 @@ from ..errors import TorchMagicError
 from ..export import ExportReport, python_call
 from ..export import script as write_script
 from ..export import write as write_text
+from ..rng import capture_rng, restore_rng
 from ..surgery import edits, scheduler_sync
 from ..surgery.grammar import parse_target
 from ..surgery.results import Replay
+from ..surgery.transaction import uninterrupted
 from . import distributed, names
 
 if TYPE_CHECKING:
@@ -58,28 +61,51 @@ def load(
     calls = list(checkpoint_file.replays(payload))
     already = len(session._history.applied(target.model))
     checkpoint_file.check_fresh(payload, where, target, device_type, already)
-    replayed = 0
+    roots = scheduler_sync.roots(target.schedulers)
+    schedules = [copy.deepcopy(s.state_dict()) for s in roots]  # type: ignore[attr-defined]
+    generators = capture_rng()  # a replayed head draws its initial weights
     try:
         for command, call in calls:
             _replay_call(session, target, call, command)
-            replayed += 1
         checkpoint_file.check_replayed(payload, where, target)
+        uninterrupted(lambda: _load_all(session, payload, target, device_type, scaler))
     except BaseException as exc:  # a refusal, a bug or Ctrl-C: the replay is undone
+        # counted in the history: a Ctrl-C may land after a command and before any counter
+        replayed = len(session._history.applied(target.model))
         for _ in range(replayed):
             session.undo()
+        for scheduler, schedule in zip(roots, schedules, strict=True):  # per-group lists too
+            scheduler.load_state_dict(schedule)  # type: ignore[attr-defined]
+        restore_rng(generators)
         if not isinstance(exc, TorchMagicError) or str(exc).startswith("cannot resume"):
             raise
+        failed = calls[replayed][0] if replayed < len(calls) else "the load"
         raise TorchMagicError(
-            f"cannot resume from '{where}': replaying {calls[replayed][0]} failed: {exc}; "
-            "nothing was changed"
+            f"cannot resume from '{where}': replaying {failed} failed: {exc}; nothing was changed"
         ) from None
-    session._history.seal_replayed(replayed)
-    checkpoint_file.load_states(payload, target)
-    checkpoint_file.load_precision(payload, session.amp, device_type, scaler)
-    checkpoint_file.load_rng(payload)
-    sharding.guard_unsharded_steps(target.model, target.optimizer)
-    session.workspace.current = target.model_name
     return checkpoint_file.summarize_resume(payload, where, target)
+
+
+def _load_all(
+    session: Session,
+    payload: dict,
+    target: edits.BoundModel,
+    device_type: str,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """Every state, then the seal and the guard, all or nothing (Ctrl-C held): a failure
+    puts the states back and the caller undoes the replay."""
+    put_back = checkpoint_file.keep_states(target, session.amp, scaler)
+    try:
+        checkpoint_file.load_states(payload, target)
+        checkpoint_file.load_precision(payload, session.amp, device_type, scaler)
+        checkpoint_file.load_rng(payload)
+        sharding.guard_unsharded_steps(target.model, target.optimizer)
+    except BaseException:
+        put_back()
+        raise
+    session._history.seal_replayed(len(payload["history"]))
+    session.workspace.current = target.model_name
 
 
 def _replay_call(session: Session, target: edits.BoundModel, call: Replay, command: str) -> None:
