@@ -62,7 +62,7 @@ rank = int(os.environ.get("RANK", "0"))
 if world > 1:  # under torchrun: nccl on GPUs (the model on cuda:LOCAL_RANK), gloo on CPUs
     torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 model = build_model({cache!r})
-optimizer, scheduler0 = build_optimizer(model)
+optimizer, scheduler = build_optimizer(model)
 train_loader = make_train_loader(rank, world)
 """
 
@@ -71,7 +71,7 @@ train_loader = make_train_loader(rank, world)
 # epochs through DistributedDataParallel on several ranks (each rank's share of the data,
 # gradients averaged), then each rank writes its weights.
 CONTINUATION = """\
-tm = torchmagic.resume({checkpoint!r}, model, optimizer, schedulers=[scheduler0])
+tm = torchmagic.resume({checkpoint!r}, model, optimizer, schedulers=[scheduler])
 if world == 1:
     tm.fit(train_loader, epochs={epochs})
 else:
@@ -83,9 +83,10 @@ else:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        scheduler0.step()
-torch.save(model.state_dict(), {out!r}.format(rank=rank))
-print(f"rank {{rank}} of {{world}}: trained {epochs} more epochs, weights in", {out!r}.format(rank=rank))
+        scheduler.step()
+weights = {out!r}.format(rank=rank, world=world)
+torch.save(model.state_dict(), weights)
+print(f"rank {{rank}} of {{world}}: {epochs} more epochs trained, weights in {{weights}}")
 if world > 1:
     torch.distributed.destroy_process_group()
 """
@@ -96,7 +97,7 @@ def batch_job(exported: str, checkpoint: Path, cache: Path, out: str, epochs: in
     place filled with this module's constructors, and the Session with its replayed
     commands swapped for ``torchmagic.resume`` of ``checkpoint`` (which replays the same
     commands from the file) and ``epochs`` more epochs. ``out``: the weights' path, with
-    ``{rank}`` in it."""
+    ``{rank}`` and ``{world}`` in it."""
     head, rest = exported.split("# ---- build here", 1)
     start_marker, rest = rest.split("\n", 1)
     _, tail = rest.split(END_MARKER, 1)
