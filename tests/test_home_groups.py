@@ -168,3 +168,71 @@ def test_undo_restores_a_group_emptied_by_a_homecoming():
     assert named(opt, "features.12")["params"] == []
     tm.undo()
     assert_same(before, snapshot(model, opt))
+
+
+accelerate = pytest.importorskip("accelerate")
+
+
+def _two_groups():
+    """backbone (0, 2) at 1e-4, head (3) at 1e-3, after one AdamW step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 3))
+    backbone = [*model[0].parameters(), *model[2].parameters()]
+    opt = torch.optim.AdamW(
+        [{"params": backbone, "lr": 1e-4}, {"params": list(model[3].parameters()), "lr": 1e-3}]
+    )
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def _by_name(model, opt):
+    """Each group's members (by name, in order) and hyper-parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [
+        ([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+        for g in opt.param_groups
+    ]
+
+
+def test_unfreeze_after_prepare_goes_back_to_the_home_group():
+    """%freeze before accelerator.prepare (which re-creates the group dicts), %unfreeze after."""
+    model, opt = _two_groups()
+    tm = Session(model, opt)
+    tm.freeze("0")
+    model, prepared = accelerate.Accelerator(cpu=True).prepare(model, opt)
+    tm.unfreeze("0")
+
+    hand_model, hand = _two_groups()  # the same by hand
+    first = list(hand_model[0].parameters())
+    backbone = hand.param_groups[0]
+    backbone["params"] = [p for p in backbone["params"] if all(p is not q for q in first)]
+    for p in first:
+        del hand.state[p]
+        p.requires_grad_(False)
+    hand_model, hand_prepared = accelerate.Accelerator(cpu=True).prepare(hand_model, hand)
+    for p in first:
+        p.requires_grad_(True)
+    hand.param_groups[0]["params"] += first
+
+    assert len(opt.param_groups) == len(hand.param_groups) == 2
+    assert _by_name(model, opt) == _by_name(hand_model, hand)
+    assert [p.requires_grad for p in model.parameters()] == [
+        p.requires_grad for p in hand_model.parameters()
+    ]
+    for p, q in zip(model[0].parameters(), first, strict=True):
+        assert torch.equal(p, q) and p not in opt.state and q not in hand.state
+    for p, q in zip(model[2].parameters(), hand_model[2].parameters(), strict=True):
+        assert opt.state[p].keys() == hand.state[q].keys()
+        assert all(torch.equal(opt.state[p][k], hand.state[q][k]) for k in opt.state[p])
+
+
+def test_undo_of_a_head_swap_after_prepare_is_exact():
+    model, opt = _two_groups()
+    tm = Session(model, opt)
+    before = snapshot(model, opt)
+    tm.replace_head("3", 5)
+    model, prepared = accelerate.Accelerator(cpu=True).prepare(model, opt)
+    tm.undo()  # no "in a param group added since"
+    assert_same(before, snapshot(model, opt))

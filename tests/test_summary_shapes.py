@@ -116,7 +116,7 @@ def test_the_totals_wrap_between_facts_in_html(resnet) -> None:
     block = page[page.index('class="torchmagic-facts"') :].split("</div>")[0]
     parts = block.split('white-space:nowrap">')[1:]
     facts = [part.split("</span>")[0] for part in parts]
-    assert all(part.endswith("</span>&nbsp;· <span style=\"") for part in parts[:-1])
+    assert all(part.endswith('</span>&nbsp;· <span style="') for part in parts[:-1])
     assert facts[0].startswith("total 11.7M params") and facts[-1] == "depth 1"
     text = str(render.render(Session(resnet).summary(depth=1), 100))
     assert len(facts) == 5 and all(fact in text for fact in facts)  # the text's own facts

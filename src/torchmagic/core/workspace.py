@@ -83,7 +83,19 @@ class Workspace:
                 return None
             value = self.namespace[path]
             return Found(path, discovery.inner(value), value)
-        return next((f for f in self.found() if f.path == path), None)
+        found = self.found()
+        exact = next((f for f in found if f.path == path), None)
+        if exact is not None:
+            return exact
+        # an alias: the walk named the object by another path (``model`` for
+        # ``learner.model``); follow the path from the longest prefix it did name
+        prefixes = [f for f in found if path[len(f.path) : len(f.path) + 1] in (".", "[")]
+        prefixes = [f for f in prefixes if path.startswith(f.path)]
+        head = path.split(".", 1)[0].split("[", 1)[0]
+        if not prefixes and (root := self.lookup(head)) is not None:
+            prefixes = [root]  # a second name for an object the walk named first
+        start = max(prefixes, key=lambda f: len(f.path), default=None)
+        return None if start is None else discovery.follow(start, path[len(start.path) :])
 
     def module(self, name: str) -> nn.Module | None:
         found = self.lookup(name)

@@ -102,6 +102,31 @@ def walk(variables: Iterable[tuple[str, object]]) -> Iterator[Found]:
             queue.extend((path + suffix, v, owner, depth + 1) for suffix, v in plain)
 
 
+def follow(start: Found, rest: str) -> Found | None:
+    """The object at ``start.path + rest``, stepping through the members the walk looks
+    at: the walk names each object once (by its shortest path), so ``learner.model`` is
+    reached here when ``model`` names the same module."""
+    here = start
+    while rest:
+        by_room, plain = _members(here.held)
+        steps = [(s, v, True) for s, v in by_room] + [(s, v, False) for s, v in plain]
+        fits = [
+            (s, v, r)
+            for s, v, r in steps
+            if rest.startswith(s) and (len(rest) == len(s) or rest[len(s)] in ".[")
+        ]
+        if not fits:
+            return None
+        suffix, held, by_its_room = max(fits, key=lambda fit: len(fit[0]))
+        value = inner(held)
+        if value is None:
+            return None
+        owner = (here.held, here.path) if by_its_room else (here.owner, here.owner_path)
+        here = Found(here.path + suffix, value, held, *owner)
+        rest = rest[len(suffix) :]
+    return here
+
+
 def rebuilt_by(found: Found) -> str | None:
     """Why the object ``found`` is about to be replaced by a new one (a Lightning trainer
     builds its optimizers again at every fit), else None."""

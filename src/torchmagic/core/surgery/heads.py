@@ -365,7 +365,22 @@ def find_head(model: nn.Module) -> Head:
 
 def locate(model: nn.Module, where: str | None) -> list[Head]:
     """The heads to replace: all of ``model``'s (``where`` None), or those at or inside
-    the module named ``where``; a main or distillation head brings the other along."""
+    the module named ``where``; a main or distillation head brings the other along.
+    A head carrying LoRA adapters is refused: a new head would orphan them."""
+    heads = _located(model, where)
+    adapted = [name for name, _ in peft.lora_layers(model)]
+    for head in heads:
+        lora = next((n for n in adapted if _within(head.name, n) or _within(n, head.name)), None)
+        if lora is not None:
+            raise TorchMagicError(
+                f"the head {lora} has LoRA adapters: merge them (%lora merge) or undo the "
+                "%lora before replacing it",
+                param="where",
+            )
+    return heads
+
+
+def _located(model: nn.Module, where: str | None) -> list[Head]:
     judge = _Judge(model)
     if where is None:
         return find_heads(model, judge)

@@ -47,6 +47,37 @@ def hyperparameters(template: dict) -> dict:
     }
 
 
+def successors(optimizer: torch.optim.Optimizer, groups: Sequence[dict]) -> list[dict | None]:
+    """The live group standing for each of ``groups``: itself while it is in the optimizer,
+    else the group that replaced it (``load_state_dict``, as ``accelerator.prepare`` calls,
+    makes new group dicts around the same ``params`` lists): the live group holding the
+    same list object, or else the same parameters in the same order. None: gone."""
+    live = optimizer.param_groups
+    live_ids = {id(g) for g in live}
+    by_list = {id(g["params"]): g for g in live}
+    taken = {id(g) for g in groups if id(g) in live_ids}
+    found: list[dict | None] = []
+    for group in groups:
+        if id(group) in live_ids:
+            found.append(group)
+            continue
+        twin = by_list.get(id(group["params"]))
+        if twin is None or id(twin) in taken:
+            members = [id(p) for p in group["params"]]
+            twin = next(
+                (
+                    g
+                    for g in live
+                    if members and id(g) not in taken and [id(p) for p in g["params"]] == members
+                ),
+                None,
+            )
+        if twin is not None:
+            taken.add(id(twin))
+        found.append(twin)
+    return found
+
+
 class Homes:
     """The home group of each parameter of one optimizer, by identity.
 
@@ -66,6 +97,7 @@ class Homes:
         """Parameters seen for the first time (or whose home left the optimizer) get the
         group they are in as their home. Not undone (it records what already is), but
         all at once."""
+        self._follow(optimizer)
         live = {id(g) for g in optimizer.param_groups}
         seen = {
             id(p): (p, group)
@@ -74,6 +106,18 @@ class Homes:
             if (home := self._home(p)) is None or id(home) not in live
         }
         self._groups.update(seen)
+
+    def _follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Home groups replaced by new dicts (see :func:`successors`) are followed there,
+        so frozen parameters still go home after ``accelerator.prepare``."""
+        live = {id(g) for g in optimizer.param_groups}
+        dead = {id(g): g for _, g in self._groups.values() if id(g) not in live}
+        if not dead:
+            return
+        moved = dict(zip(dead, successors(optimizer, list(dead.values())), strict=True))
+        for key, (p, group) in list(self._groups.items()):
+            if (twin := moved.get(id(group))) is not None:
+                self._groups[key] = (p, twin)
 
     def index(self, optimizer: torch.optim.Optimizer, p: nn.Parameter) -> int | None:
         """Where ``p``'s home group is in ``optimizer.param_groups``; None without one."""
@@ -234,9 +278,17 @@ class OptimizerEditor:
                     else (set(_MEMBERSHIP) if changed <= _MEMBERSHIP else set(copy) | changed)
                 )
 
+        def current() -> tuple[list[dict], list[dict]]:
+            """The command's groups where they are now (a library may have re-created
+            the dicts since), and the groups it added."""
+            ours = made_here()[0]
+            now = [t or g for g, t in zip(groups, successors(optimizer, groups), strict=True)]
+            return now, [t for t in successors(optimizer, ours) if t is not None]
+
         def restore() -> None:
-            ours, added_params = made_here()
-            for group, copy, keys in zip(groups, saved, restore_keys, strict=True):
+            added_params = made_here()[1]
+            now, ours = current()
+            for group, copy, keys in zip(now, saved, restore_keys, strict=True):
                 if keys is None:
                     group.clear()
                     group.update(_copy_group(copy))
@@ -247,7 +299,7 @@ class OptimizerEditor:
                         group[key] = fresh[key]
                     else:
                         group.pop(key, None)
-            optimizer.param_groups[:] = [*groups, *_later(optimizer, groups, ours)]
+            optimizer.param_groups[:] = [*now, *_later(optimizer, now, ours)]
             live = {id(p) for g in optimizer.param_groups for p in g["params"]}
             for p in added_params:
                 if id(p) not in live and p in optimizer.state:
@@ -255,7 +307,7 @@ class OptimizerEditor:
 
         def clash() -> str | None:
             back = {id(p) for copy in saved for p in copy["params"]}
-            later = _later(optimizer, groups, made_here()[0])
+            later = _later(optimizer, *current())
             n = sum(id(p) in back for g in later for p in g["params"])
             if not n:
                 return None
@@ -374,6 +426,7 @@ class OptimizerEditor:
             stash.append((p, kept))
 
         def restore_state() -> None:
+            state = self.optimizer.state  # load_state_dict may have replaced the dict
             for p, kept in stash:
                 state[p] = {k: from_host(v, home or p.device) for k, (v, home) in kept.items()}
 
