@@ -223,3 +223,14 @@ def test_an_lr_that_fit_overwrites_is_refused_naming_the_learner():
     assert "\n" not in text and "`learn` (Learner) sets every group's lr at each fit" in text
     assert torch_groups(learn) == groups
     assert not any(p.requires_grad for p in learn.model[0].parameters())
+
+
+def test_the_doctor_sees_a_head_replaced_by_hand_that_learn_opt_does_not_hold():
+    learn = learner()
+    fit(learn)
+    tm = Session(namespace={"learn": learn})
+    assert not [f for f in tm.doctor().findings if f.check == "library-out-of-step"]
+    learn.model[2] = nn.Linear(8, 3)
+    (finding,) = [f for f in tm.doctor().findings if f.check == "library-out-of-step"]
+    assert finding.subject == "learn" and "learn.fit never updates them" in finding.message
+    assert "2.weight, 2.bias" in finding.message and "learn.opt = None" in str(finding.advice)

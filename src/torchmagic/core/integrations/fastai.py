@@ -65,3 +65,21 @@ def sets_lrs(obj: object, optimizer: object) -> str | None:
         "sets every group's lr at each fit: unfreeze without lr= and give fit one lr per "
         "group, in group order (learn.fit(n, lr=[...]))"
     )
+
+
+def out_of_step(name: str, obj: object) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when a Learner's own fastai Optimizer misses parameters
+    of its model that train (a head replaced by hand after the first fit), else None."""
+    opt, model = getattr(obj, "opt", None), getattr(obj, "model", None)
+    if not named(obj, "Learner") or not _is_own_optimizer(opt) or not isinstance(model, nn.Module):
+        return None
+    held = {id(p) for group in opt.param_lists for p in group}  # type: ignore[union-attr]
+    missed = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if not missed:
+        return None
+    return (
+        f"{name}.opt does not hold {len(missed)} trainable parameter(s) of {name}.model "
+        f"({', '.join(missed[:3])}): {name}.fit never updates them",
+        f"set {name}.opt = None (the next fit builds it over the parameters that train), "
+        "or build the Learner with opt_func=partial(OptimWrapper, opt=torch.optim.Adam)",
+    )

@@ -71,6 +71,8 @@ def checkpoint_groups(obj: object) -> tuple[str, int] | None:
 def resume_fails(name: str, obj: object, groups: int) -> str | None:
     """Why ``name``'s ``train(resume_from_checkpoint=…)`` fails on an optimizer with
     ``groups`` param groups: transformers loads the saved state group by group."""
+    if not is_trainer(obj):  # its callback handler holds the optimizer too
+        return None
     saved = checkpoint_groups(obj)
     if saved is None:
         return (
@@ -83,4 +85,20 @@ def resume_fails(name: str, obj: object, groups: int) -> str | None:
     return (
         f"{name}.train(resume_from_checkpoint=...) would fail: {path} saved {count} param "
         f"groups, {name}.optimizer has {groups}; resume before editing, or save a new checkpoint"
+    )
+
+
+def out_of_step(name: str, obj: object) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when a Trainer's newest checkpoint cannot be resumed
+    with the optimizer it holds now, else None."""
+    held = getattr(obj, "optimizer", None)
+    saved = checkpoint_groups(obj) if held is not None else None
+    groups = len(held.param_groups) if saved is not None else 0  # type: ignore[union-attr]
+    if saved is None or saved[1] == groups:
+        return None
+    return (
+        f"{name}.train(resume_from_checkpoint=...) fails: {saved[0]} saved {saved[1]} param "
+        f"groups, {name}.optimizer has {groups} (transformers loads the state group by group)",
+        f"resume in a fresh Trainer before editing its groups, or save a new checkpoint "
+        f"({name}.save_state() and {name}.train() again)",
     )
