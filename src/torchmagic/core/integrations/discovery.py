@@ -148,3 +148,55 @@ def optimizers_to_come(items: Iterable[tuple[str, object]], model: nn.Module) ->
         if text is not None:
             found.append(f"`{name}` {text}")
     return found
+
+
+def untended_holder(found: Iterable[Found], model: nn.Module) -> str | None:
+    """Why a command cannot keep in step an optimizer that holds ``model``'s parameters
+    but is not a torch one (fastai's own ``learn.opt``), naming it; else None."""
+    ids = {id(p) for p in model.parameters()}
+    for f in found:
+        known = room(f.value)
+        holds = getattr(known, "holds", None)
+        if holds is not None and holds(f.value, ids):
+            return f"`{f.path}` {known.UNTENDED}"  # type: ignore[union-attr]
+    return None
+
+
+def resume_notes(found: Iterable[Found], optimizer: torch.optim.Optimizer) -> list[str]:
+    """What the library objects holding ``optimizer`` (a transformers Trainer) can no
+    longer resume now that its groups changed, each in one line."""
+    notes = []
+    for f in found:
+        known = room(f.value)
+        fails = getattr(known, "resume_fails", None)
+        held = getattr(f.value, "optimizer", None)
+        if fails is not None and held is not None and inner(held) is optimizer:
+            text = fails(f.path, f.value, len(optimizer.param_groups))
+            if text is not None:
+                notes.append(text)
+    return notes
+
+
+def ways_to_build(items: Iterable[tuple[str, object]], model: nn.Module) -> list[str]:
+    """How to get now the groups that the user's objects would build for ``model``
+    later (``trainer.create_optimizer()``), each by its name."""
+    ways = []
+    for name, value in items:
+        known = room(value)
+        plan = getattr(known, "optimizer_to_come", None)
+        build = getattr(known, "build_now", None)
+        if build is not None and plan is not None and plan(value, model) is not None:
+            ways.append(build(name))
+    return ways
+
+
+def lr_setter(found: Iterable[Found], optimizer: torch.optim.Optimizer) -> str | None:
+    """The object that overwrites ``optimizer``'s group lrs on its own (a fastai Learner
+    at every fit), named with why; else None."""
+    for f in found:
+        known = room(f.value)
+        sets = getattr(known, "sets_lrs", None)
+        why = sets(f.value, optimizer) if sets is not None else None
+        if why is not None:
+            return f"`{f.path}` ({type(f.value).__name__}) {why}"
+    return None

@@ -21,6 +21,7 @@ _ROOMS = {
     "torch": "ema",
     "timm": "ema",
     "transformers": "transformers",
+    "fastai": "fastai",
 }
 
 

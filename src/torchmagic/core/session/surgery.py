@@ -49,16 +49,27 @@ def run(
     it again on a freshly built model (what a checkpoint keeps)."""
     session.prune_history()
     notes = distributed.check_surgery(action, target.model, session.workspace.items())
+    found = session.workspace.found()
+    if target.optimizer is None:
+        untended = discovery.untended_holder(found, target.model)
+        if untended is not None:
+            raise TorchMagicError(untended, param="optimizer")
+        notes = (*notes, *discovery.optimizers_to_come(session.workspace.items(), target.model))
 
     def apply(tx: Transaction, before: edits.Measured) -> tuple[Change, edits.Measured]:
         groups_before = group_keys(target.optimizer)
         effect = step(tx)
         after = edits.measure(target)
+        opt = target.optimizer
+        if opt is not None and len(opt.param_groups) != len(groups_before):
+            effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(found, opt)))
         return Change(
             action=action,
             command=command,
             model_name=target.model_name,
-            effect=replace(effect, notes=effect.notes + notes),
+            effect=replace(
+                effect, notes=effect.notes + tuple(n for n in notes if n not in effect.notes)
+            ),
             before=before.counts,
             after=after.counts,
             optimizer_name=target.optimizer_name,
@@ -164,6 +175,13 @@ def unfreeze(
     weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
     target, selection = names.selection(session.workspace, targets, exclude, optimizer)
     lrs = spread_lrs(lr_spec, len(selection.blocks))
+    _refuse_lr_setter(session, target, lr_spec is not None)
+    later = (
+        discovery.optimizers_to_come(session.workspace.items(), target.model)
+        + discovery.ways_to_build(session.workspace.items(), target.model)
+        if target.optimizer is None
+        else []
+    )
     return run(
         session,
         "unfreeze",
@@ -171,10 +189,22 @@ def unfreeze(
         target,
         dry_run,
         lambda tx: edits.unfreeze(
-            target, selection, lrs, weight_decay, session.config.unfreeze_lr_ratio, tx
+            target, selection, lrs, weight_decay, session.config.unfreeze_lr_ratio, tx, later
         ),
         replay_of(session.workspace, "unfreeze", targets, exclude, lr=lr_spec, wd=weight_decay),
     )
+
+
+def _refuse_lr_setter(session: Session, target: edits.BoundModel, lr_given: bool) -> None:
+    """An lr the next fit would overwrite (a fastai Learner sets every group's) is
+    refused, naming what overwrites it."""
+    setter = (
+        discovery.lr_setter(session.workspace.found(), target.optimizer)
+        if lr_given and target.optimizer is not None
+        else None
+    )
+    if setter is not None:
+        raise TorchMagicError(f"lr= would not hold: {setter}", param="lr")
 
 
 def replace_head(
@@ -237,6 +267,7 @@ def add_lora(
     lr = None if lr is None else check_positive(lr, "lr")
     texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
     target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    _refuse_lr_setter(session, target, lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
         if target.optimizer is None

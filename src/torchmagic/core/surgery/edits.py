@@ -333,8 +333,10 @@ def unfreeze(
     weight_decay: float | None,
     lr_ratio: float,
     tx: Transaction,
+    later: Sequence[str] = (),
 ) -> Effect:
-    """Train the selection again.
+    """Train the selection again. ``later``: what will build an optimizer for the model
+    later and how to get its groups now (said when lr= has no optimizer to go in).
 
     Without ``lr``/``weight_decay`` parameters return to their home groups. Otherwise each
     block gets one group per home group of its parameters, at base lr ``lr`` (default: the
@@ -346,6 +348,12 @@ def unfreeze(
     """
     opt = target.optimizer
     explicit = any(lr is not None for lr in lrs) or weight_decay is not None
+    if opt is None and explicit and later:
+        raise TorchMagicError(
+            f"lr and weight_decay need an optimizer, and none holds parameters of "
+            f"'{target.model_name}' yet: {'; '.join(later)}",
+            param="lr" if any(lr is not None for lr in lrs) else "wd",
+        )
     if opt is None and explicit:
         raise TorchMagicError(
             f"lr and weight_decay need an optimizer, and none holds parameters of "

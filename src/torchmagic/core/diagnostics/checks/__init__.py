@@ -28,6 +28,7 @@ from . import (
     devices,
     ema,
     leaks,
+    libraries,
     loader,
     optimizers,
     precision,
@@ -46,4 +47,5 @@ GROUPS: tuple[CheckGroup, ...] = (
     leaks.checks,  # graphs kept alive
     wrappers.checks,  # DataParallel, compiled models changed
     ema.checks,  # EMA copies that no longer match
+    libraries.checks,  # library trainers out of step (transformers, fastai)
 )
