@@ -55,11 +55,13 @@ def run(
         groups_before = group_keys(target.optimizer)
         effect = step(tx)
         after = edits.measure(target)
+        # what may undo or override this change on its own, named when it changed something
+        told = tuple(h.line for h in target.holders) if after.state != before.state else ()
         return Change(
             action=action,
             command=command,
             model_name=target.model_name,
-            effect=replace(effect, notes=effect.notes + notes),
+            effect=replace(effect, notes=effect.notes + notes + told),
             before=before.counts,
             after=after.counts,
             optimizer_name=target.optimizer_name,

@@ -27,6 +27,7 @@ from . import (
     data,
     devices,
     ema,
+    holders,
     leaks,
     loader,
     optimizers,
@@ -46,4 +47,5 @@ GROUPS: tuple[CheckGroup, ...] = (
     leaks.checks,  # graphs kept alive
     wrappers.checks,  # DataParallel, compiled models changed
     ema.checks,  # EMA copies that no longer match
+    holders.checks,  # objects that set lrs or trainability on their own
 )
