@@ -35,16 +35,18 @@ def _net() -> Net:
 
 
 def _snapshot(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple:
-    """Weights, flags, groups (by identity, with their hyper-parameters) and state."""
+    """Weights, flags, groups (their parameters by name, their hyper-parameters) and
+    state by name: comparable across a model and its copy edited by hand."""
     weights = [(n, p.detach().clone(), p.requires_grad) for n, p in model.named_parameters()]
+    name = {id(p): n for n, p in model.named_parameters()}
     groups, state = [], []
     if opt is not None:
         groups = [
-            ([id(p) for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+            ([name[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
             for g in opt.param_groups
         ]
         state = [
-            (id(p), {k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)})
+            (name[id(p)], {k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)})
             for p, s in opt.state.items()
         ]
     return weights, groups, state
@@ -228,3 +230,170 @@ def test_a_command_that_changes_nothing_names_no_holder():
     tm = Session(namespace={"model": model, "optimizer": opt, "warmup": Callback(opt)})
     change = tm.unfreeze("layer2")  # already trainable
     assert not any("warmup" in n for n in change.effect.notes)
+
+
+# -- skorch ---------------------------------------------------------------------------
+
+
+def _net_classifier():
+    skorch = pytest.importorskip("skorch")
+    net = skorch.NeuralNetClassifier(
+        _net(),
+        criterion=nn.CrossEntropyLoss,
+        optimizer=torch.optim.SGD,
+        lr=0.1,
+        max_epochs=1,
+        batch_size=4,
+        train_split=None,
+        verbose=0,
+    )
+    return net.initialize()
+
+
+def _xy():
+    torch.manual_seed(4)
+    return torch.randn(8, 6), torch.randint(0, 3, (8,))
+
+
+@pytest.mark.slow
+def test_skorch_net_is_named_and_partial_fit_keeps_the_edit():
+    net = _net_classifier()
+    mirror = _net_classifier()
+    tm = Session(namespace={"net": net})
+    change = tm.freeze("net.module_.layer1")
+    line = next(n for n in change.effect.notes if "skorch NeuralNetClassifier" in n)
+    assert line.startswith("`net` (skorch NeuralNetClassifier) builds optimizer_ again")
+    assert "partial_fit() keeps" in line
+    mirror.module_.layer1.requires_grad_(False)  # the same edit by hand
+    for g in mirror.optimizer_.param_groups:
+        g["params"] = [p for p in g["params"] if p.requires_grad]
+    assert _same(
+        _snapshot(net.module_, net.optimizer_), _snapshot(mirror.module_, mirror.optimizer_)
+    )
+    x, y = _xy()
+    kept = net.optimizer_
+    net.partial_fit(x, y)
+    mirror.partial_fit(x, y)
+    assert net.optimizer_ is kept  # partial_fit keeps the edit
+    assert _same(
+        _snapshot(net.module_, net.optimizer_), _snapshot(mirror.module_, mirror.optimizer_)
+    )
+    net.fit(x, y)
+    assert net.optimizer_ is not kept  # what the line warns of
+
+
+# -- Lightning ------------------------------------------------------------------------
+
+
+def _lightning(callback):
+    lightning = pytest.importorskip("lightning.pytorch")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+
+    class Lit(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.backbone = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+            self.head = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def training_step(self, batch, index):
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            trainable = [p for p in self.parameters() if p.requires_grad]
+            return torch.optim.SGD(trainable, lr=0.1)
+
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback] if callback is not None else [],
+    )
+    return Lit(), trainer
+
+
+def _loader():
+    x, y = _xy()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+
+
+@pytest.mark.slow
+def test_lightning_backbone_finetuning_is_named_and_the_refusal_is_not_circular():
+    callbacks = pytest.importorskip("lightning.pytorch.callbacks")
+    lit, trainer = _lightning(callbacks.BackboneFinetuning(unfreeze_backbone_at_epoch=5))
+    trainer.fit(lit, _loader())
+    tm = Session(namespace={"lit": lit, "trainer": trainer})
+    opt = trainer.optimizers[0]
+    hand = copy.deepcopy((lit, opt))  # the same edit by hand on a copy
+    change = tm.freeze("lit.head.0")
+    assert (
+        "`trainer.callbacks[0]` (lightning BackboneFinetuning) freezes the module's backbone "
+        "again at the next fit and adds it back as a param group at epoch 5"
+    ) in " ".join(change.effect.notes)
+    hand_lit, hand_opt = hand
+    hand_lit.head[0].requires_grad_(False)
+    for g in hand_opt.param_groups:
+        g["params"] = [p for p in g["params"] if p.requires_grad]
+    names = {id(p): n for n, p in lit.named_parameters()}
+    hand_names = {id(p): n for n, p in hand_lit.named_parameters()}
+    assert [[names[id(p)] for p in g["params"]] for g in opt.param_groups] == [
+        [hand_names[id(p)] for p in g["params"]] for g in hand_opt.param_groups
+    ]
+    assert [p.requires_grad for p in lit.parameters()] == [
+        p.requires_grad for p in hand_lit.parameters()
+    ]
+    before = _snapshot(lit, opt)
+    with pytest.raises(TorchMagicError) as refused:
+        tm.unfreeze("lit.backbone")  # frozen by the callback, in no group: no home
+    text = str(refused.value)
+    assert "\n" not in text and "trainer builds it again at every fit" in text
+    assert "without lr=" in text and "unfreeze without lr=" not in text  # not circular
+    assert _same(before, _snapshot(lit, opt))
+
+
+def test_finetuning_scheduler_is_named_before_the_first_fit():
+    fts = pytest.importorskip("finetuning_scheduler")
+    lit, trainer = _lightning(fts.FinetuningScheduler())
+    tm = Session(namespace={"lit": lit, "trainer": trainer})
+    hand = copy.deepcopy(lit)
+    change = tm.freeze("lit.head.0")
+    hand.head[0].requires_grad_(False)
+    assert [p.requires_grad for p in lit.parameters()] == [
+        p.requires_grad for p in hand.parameters()
+    ]
+    line = next(n for n in change.effect.notes if "FinetuningScheduler" in n)
+    assert "(finetuning_scheduler FinetuningScheduler) freezes all but" in line
+    report = Session(namespace={"lit": lit, "trainer": trainer}).doctor()
+    assert any(f.check == "holder" and "FinetuningScheduler" in f.message for f in report.findings)
+
+
+# -- the doctor, before any command ------------------------------------------------------
+
+
+def test_doctor_reports_each_holder_before_any_command():
+    param_scheduler = pytest.importorskip("ignite.handlers.param_scheduler")
+    from ignite.engine import Events
+
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = _engine(model, opt)
+    handler = param_scheduler.CosineAnnealingScheduler(opt, "lr", 0.1, 0.001, cycle_size=4)
+    trainer.add_event_handler(Events.ITERATION_STARTED, handler)
+    ns = {"model": model, "optimizer": opt, "trainer": trainer, "warmup": Callback(opt)}
+    before = _snapshot(model, opt)
+    found = {f.subject: f for f in Session(namespace=ns).doctor().findings if f.check == "holder"}
+    ignite_finding = found["trainer._event_handlers[Events.ITERATION_STARTED][0][0]"]
+    assert ignite_finding.severity == "warning" and "refuse" in ignite_finding.message
+    assert (
+        found["warmup"].message
+        == "`warmup` (test_holders Callback) holds `optimizer` and may set its lrs"
+    )
+    assert _same(before, _snapshot(model, opt))  # the doctor changes nothing

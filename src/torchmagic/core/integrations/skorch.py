@@ -14,8 +14,15 @@ WRAPS: dict[str, str] = {}
 
 
 def members(obj: object) -> list[tuple[str, object]]:
-    """Nothing beyond the public attributes: ``net.module_`` and ``net.optimizer_``."""
-    return []
+    """``net.module_`` and ``net.optimizer_`` first: what users address once the net is
+    initialised (``net.module`` may be the same module, under the name it was given)."""
+    if not named(obj, "NeuralNet"):
+        return []
+    return [
+        (f".{name}", value)
+        for name in ("module_", "optimizer_")
+        if (value := getattr(obj, name, None)) is not None
+    ]
 
 
 def sets_on_its_own(
