@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..modules import unwrap
 from ..surgery import scheduler_sync
-from .rooms import inner, room
+from .classes import package_of
+from .rooms import inner, room, same
 
 MAX_DEPTH = 2  # attribute levels below a variable
 MAX_MEMBERS = 64  # per object: a bounded walk, also over a huge list or config object
@@ -200,3 +202,66 @@ def lr_setter(found: Iterable[Found], optimizer: torch.optim.Optimizer) -> str |
         if why is not None:
             return f"`{f.path}` ({type(f.value).__name__}) {why}"
     return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An object reached from the namespace that may change the model's trainability or
+    its optimizer's groups on its own: ``refuses`` when a new param group would silently
+    lose its lr to it."""
+
+    path: str
+    kind: str  # "ignite CosineAnnealingScheduler"
+    does: str
+    refuses: bool = False
+
+    @property
+    def line(self) -> str:
+        return f"`{self.path}` ({self.kind}) {self.does}"
+
+
+def _kind(obj: object) -> str:
+    package = package_of(obj)
+    name = type(obj).__name__
+    return name if package in ("__main__", "builtins", "types") else f"{package} {name}"
+
+
+def _held(
+    obj: object, model: nn.Module, model_name: str, optimizer: object, optimizer_name: str | None
+) -> list[str]:
+    """Which of the model and its optimizer ``obj``'s own members hold, by name."""
+    _, plain = _members(obj)
+    out = []
+    if any(isinstance(v, nn.Module) and unwrap(v) is model for _, v in plain):
+        out.append(f"`{model_name}`")
+    if optimizer is not None and any(same(v, optimizer) for _, v in plain):
+        out.append(f"`{optimizer_name}`")
+    return out
+
+
+def holders(
+    found: Iterable[Found],
+    model: nn.Module,
+    model_name: str,
+    optimizer: object,
+    optimizer_name: str | None,
+) -> list[Holder]:
+    """Objects that may set the lrs or trainability of ``model`` and ``optimizer`` on
+    their own: what a room knows to do so (an ignite ParamScheduler, a fine-tuning
+    callback, a skorch net), and any object no room knows whose attributes hold the model
+    or the optimizer (a user's callback)."""
+    out: list[Holder] = []
+    for f in found:
+        known = room(f.held)
+        if known is not None:
+            told = getattr(known, "sets_on_its_own", None)
+            for suffix, obj, does, refuses in told(f.held, model, optimizer) if told else []:
+                out.append(Holder(f.path + suffix, _kind(obj), does, refuses))
+            continue
+        if isinstance(f.held, (list, tuple, dict)) or package_of(f.held) == "torchmagic":
+            continue
+        held = _held(f.held, model, model_name, optimizer, optimizer_name)
+        if held:
+            verb = "may change it" if held == [f"`{model_name}`"] else "may set its lrs"
+            out.append(Holder(f.path, _kind(f.held), f"holds {' and '.join(held)} and {verb}"))
+    return out

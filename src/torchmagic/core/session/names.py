@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations import discovery
 from ..modules import unwrap
 from ..surgery import edits, model_checks
 from ..surgery.grammar import parse_targets
@@ -60,6 +61,7 @@ def bind(
             rebuilt=None if opt_name is None else workspace.rebuilt(opt_name),
             ema_copies=copies,
             ema_unclear=unclear,
+            holders=discovery.holders(workspace.found(), real, name, opt, opt_name),
         )
 
 

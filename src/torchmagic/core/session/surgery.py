@@ -63,12 +63,15 @@ def run(
         opt = target.optimizer
         if opt is not None and len(opt.param_groups) != len(groups_before):
             effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(found, opt)))
+        # what may undo or override this change on its own, named when it changed something
+        told = tuple(h.line for h in target.holders) if after.state != before.state else ()
         return Change(
             action=action,
             command=command,
             model_name=target.model_name,
             effect=replace(
-                effect, notes=effect.notes + tuple(n for n in notes if n not in effect.notes)
+                effect,
+                notes=effect.notes + tuple(n for n in (*notes, *told) if n not in effect.notes),
             ),
             before=before.counts,
             after=after.counts,

@@ -42,6 +42,22 @@ class BoundModel:
     ema_copies: list[tuple[str, nn.Module]] = field(default_factory=list)
     # why a copy shaped like the model has no known owner (edits of its structure refuse)
     ema_unclear: str | None = None
+    # objects that may set the optimizer's lrs or the model's trainability on their own
+    # (discovery.Holder): named by the command, refused when a new group would lose its lr
+    holders: list = field(default_factory=list)
+
+
+def check_new_group(target: BoundModel, opt: torch.optim.Optimizer, refs: Sequence[int]) -> None:
+    """Refuse, before anything changes, a new param group following the groups ``refs``
+    that a scheduler could not follow or that an object would give another lr."""
+    for holder in target.holders:
+        if holder.refuses:
+            raise TorchMagicError(
+                f"{holder.line} of '{target.optimizer_name}', so a new param group would "
+                "lose its lr there; recreate it after this change with param_group_index "
+                "for each group (ignite ParamGroupScheduler)"
+            )
+    scheduler_sync.check_followable(target.schedulers, opt, refs)
 
 
 def check_ema_owners(target: BoundModel) -> None:
@@ -397,14 +413,18 @@ def unfreeze(
         planned = list(zip(blocks, lrs, per_block, strict=True))
         homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
         if new_groups and target.rebuilt is not None:
+            instead = (
+                "or unfreeze without lr= (trainability carries into the next fit)"
+                if explicit
+                else "it holds no group they came from, so they cannot go home without lr="
+            )
             raise TorchMagicError(
                 f"'{target.optimizer_name}' cannot keep a new param group: {target.rebuilt}; "
-                f"give {new_groups[0].name} its lr there, or unfreeze without lr= "
-                "(trainability carries into the next fit)",
+                f"give {new_groups[0].name} its group there, {instead}",
                 param="lr",
             )
         if new_groups:
-            scheduler_sync.check_followable(schedulers, opt, {g.ref for g in new_groups})
+            check_new_group(target, opt, sorted({g.ref for g in new_groups}))
         scheduler_sync.snapshot(schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         if adopted:
@@ -563,7 +583,7 @@ def replace_head(
         joining, homeless = _head_groups(opt, [m for _, m in located], new_modules)
         head = head_group(target, exclude=old_params) or 0
         if homeless:
-            scheduler_sync.check_followable(target.schedulers, opt, [head])
+            check_new_group(target, opt, [head])
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)

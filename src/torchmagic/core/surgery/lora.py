@@ -35,6 +35,7 @@ from .edits import (
     _numel,
     _set_requires_grad,
     check_ema_owners,
+    check_new_group,
     head_group,
 )
 from .optimizer_sync import OptimizerEditor
@@ -190,7 +191,7 @@ def add(
     if opt is not None:
         head = head_group(target, exclude=bases) or 0
         base_lr = lr if lr is not None else scheduler_sync.base_lr(opt, target.schedulers, head)
-        scheduler_sync.check_followable(target.schedulers, opt, [head])
+        check_new_group(target, opt, [head])
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         freed = editor.remove(bases)

@@ -27,6 +27,7 @@ from . import (
     data,
     devices,
     ema,
+    holders,
     leaks,
     libraries,
     loader,
@@ -48,4 +49,5 @@ GROUPS: tuple[CheckGroup, ...] = (
     wrappers.checks,  # DataParallel, compiled models changed
     ema.checks,  # EMA copies that no longer match
     libraries.checks,  # library trainers out of step (transformers, fastai)
+    holders.checks,  # objects that set lrs or trainability on their own
 )

@@ -1,0 +1,50 @@
+"""Objects that set lrs or trainability on their own: an ignite ParamScheduler that would
+overwrite a new group's lr, fine-tuning callbacks and skorch nets that redo the model's
+trainability or its optimizer at the next fit, and objects no room knows that hold the
+model or its optimizer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from ...integrations import discovery
+from ..context import DoctorContext
+from ..findings import Finding
+from ..registry import CheckGroup
+
+checks = CheckGroup()
+
+
+@checks.namespace
+def holders(context: DoctorContext) -> Iterator[Finding]:
+    """Each such object once, with the first model (and optimizer) it concerns."""
+    found = context.ws.found()
+    seen: set[str] = set()
+    for model in context.models:
+        pairs: Sequence[tuple[str | None, torch.optim.Optimizer | None]] = model.optimizers
+        for opt_name, opt in pairs or [(None, None)]:
+            for holder in discovery.holders(found, model.module, model.name, opt, opt_name):
+                if holder.path in seen:
+                    continue
+                seen.add(holder.path)
+                if holder.refuses:
+                    yield Finding(
+                        "holder",
+                        "warning",
+                        holder.path,
+                        f"{holder.line} of {opt_name}: %unfreeze with lr=, %replace_head and "
+                        "%lora refuse to add a param group while it is attached",
+                        "recreate it after the surgery with param_group_index for each "
+                        "group (ignite ParamGroupScheduler)",
+                    )
+                else:
+                    yield Finding(
+                        "holder",
+                        "info",
+                        holder.path,
+                        holder.line,
+                        "edit where it builds the model or optimizer, or check after its "
+                        "next run that the change held",
+                    )
