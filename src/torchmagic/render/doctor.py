@@ -126,8 +126,7 @@ class Findings(OwnHtml):
             severity = html_text(Text(finding.severity, style=_STYLE[finding.severity]))
             problem, fix = _problem(finding)
             right = (
-                f"{html_text(Text(problem))}<br>→ "
-                f"{html_text(Text(fix, style=theme.style('ok')))}"
+                f"{html_text(Text(problem))}<br>→ {html_text(Text(fix, style=theme.style('ok')))}"
             )
             cells = (severity, html.escape(finding.check), html.escape(finding.subject))
             rows.append(row(cells, right, RULE, False))
