@@ -66,7 +66,7 @@ _TITLE = (
 )
 
 # a run between spaces, a number with its unit one run ("4.0 MiB", "0 %")
-_WORD = re.compile(r"[^ ]*\d (?:[KMG]iB|B|s|ms|%|samples/s)(?![^ ])|[^ ]+")
+_WORD = re.compile(r"[^ ]*\d (?:[KMG]iB|B|s|ms|%|samples/s)(?![A-Za-z/])[^ ]*|[^ ]+")
 RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
 FONT = _FONT
 
