@@ -65,6 +65,23 @@ def test_lr_find_apply_names_the_group(ip, monkeypatch) -> None:
     assert ip.user_ns["opt"].param_groups[0]["lr"] == 1e-3
 
 
+def test_save_lists_lr_find_apply_as_history_does(ip, monkeypatch, tmp_path) -> None:
+    """``%tm save`` names the commands it wrote the way ``%tm history`` does."""
+    real = session_module.find_lr
+    monkeypatch.setattr(
+        session_module, "find_lr", lambda *a, **k: replace(real(*a, **k), suggestion=1e-3)
+    )
+    _setup(ip)
+    with capture_output():
+        ip.run_line_magic("lr_find", "train_loader --steps 12 --apply")
+    with capture_output() as cap:
+        ip.run_line_magic("tm", f"save {tmp_path / 'run.pt'}")
+    saved = cap.outputs[0].data["text/plain"]
+    line = "%lr_find --apply: base lr 0.001 for group 0, others in proportion"
+    assert f"1. {line}" in saved and line in _history_text(ip)
+    assert "tm.lr_find" not in saved
+
+
 def test_undo_names_the_magic(ip) -> None:
     _setup(ip)
     with capture_output():

@@ -65,8 +65,10 @@ _TITLE = (
     f'line-height:normal;{_FONT}">{{}}</div>'
 )
 
-_WORD = re.compile(r"[^ ]+")
-_RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
+# a run between spaces, a number with its unit one run ("4.0 MiB", "0 %")
+_WORD = re.compile(r"[^ ]*\d (?:[KMG]iB|B|s|ms|%|samples/s)(?![A-Za-z/])[^ ]*|[^ ]+")
+RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
+FONT = _FONT
 
 
 DEFAULT_WIDTH = 100
@@ -160,12 +162,12 @@ class Rendered:
         blocks: list[str] = []
         text: list[list[Segment]] = []
         for part in _parts(self.renderable):
-            if isinstance(part, (Table, Facts)) and not _drawn_as_text(part):
+            if isinstance(part, (Table, OwnHtml)) and not _drawn_as_text(part):
                 if text:
                     blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
                     text = []
                 blocks.append(
-                    part.html() if isinstance(part, Facts) else _html_table(console, part)
+                    part.html() if isinstance(part, OwnHtml) else _html_table(console, part)
                 )
                 continue
             options = console.options.update_width(self.width)
@@ -303,7 +305,7 @@ _UNBOUNDED = 10_000
 _PROSE = 32
 
 
-def _drawn_as_text(part: Table | Facts) -> bool:
+def _drawn_as_text(part: Table | OwnHtml) -> bool:
     """A part whose HTML is its text lines: a table without columns or one that sizes
     itself."""
     return isinstance(part, Table) and (not part.columns or _sized(part))
@@ -389,7 +391,7 @@ def _html_table(console: Console, table: Table) -> str:
         justify = column.justify if column.justify in ("left", "right", "center") else "left"
         wrap = "normal" if prose[index] and not head else "pre"
         left, right = ("0" if index == 0 else "1ch"), ("0" if index == last else "1ch")
-        rule = f";border-left:{_RULE}" if index else ""
+        rule = f";border-left:{RULE}" if index else ""
         return (
             f"padding:0 {right} 0 {left};vertical-align:top;text-align:{justify};"
             f"white-space:{wrap}{rule}"
@@ -399,7 +401,7 @@ def _html_table(console: Console, table: Table) -> str:
     if table.show_header:
         heads = "".join(
             f"<th{'' if i in hidden else ' data-tm-key'} "
-            f'style="{style(i, c, True)};font-weight:bold;border-bottom:{_RULE}">'
+            f'style="{style(i, c, True)};font-weight:bold;border-bottom:{RULE}">'
             f"{_html_cell(console, c.header, whole=True)}</th>"
             for i, c in enumerate(columns)
         )
@@ -410,7 +412,7 @@ def _html_table(console: Console, table: Table) -> str:
     ]
     rows = []
     for r in range(table.row_count):
-        between = f";border-top:{_RULE}" if table.show_lines and r else ""
+        between = f";border-top:{RULE}" if table.show_lines and r else ""
         row = "".join(
             f'<td style="{style(i, c, False)}{between}">{cells[i][r]}</td>'
             for i, c in enumerate(columns)
@@ -473,7 +475,23 @@ class HouseTable(Table):
         self.hide = tuple(hide)
 
 
-class Facts:
+class OwnHtml:
+    """A part that draws its own ``text/html`` (the browser lays it out at a width
+    the text drawing cannot know) instead of its text lines in a <pre>."""
+
+    def html(self) -> str:
+        raise NotImplementedError
+
+
+def html_text(text: Text) -> str:
+    """One line of styled text as HTML, each word (a number with its unit) kept whole."""
+    console = Console(file=io.StringIO(), color_system="truecolor", markup=False)
+    base = console.get_style(text.style) if text.style else None
+    drawn = _rstrip(Segment.simplify(Segment.apply_style(text.render(console, end=""), base)))
+    return _html_line(drawn, words=True)
+
+
+class Facts(OwnHtml):
     """Facts joined by `` · `` in lines no wider than ``table`` is drawn (with the columns
     a narrow width hides hidden): a totals line under a table wraps between facts, never
     inside one; in HTML the browser wraps them so, at the width of the cell."""

@@ -6,18 +6,20 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from ..core.advice import Command
 from ..core.checkpoint import ResumeReport, SaveReport
 from ..core.export import ExportReport
 from . import theme
 from .base import Rendered, human_bytes
+from .spelling import fix_text
 
 
-def _commands(commands: tuple[str, ...]) -> list[RenderableType]:
+def _commands(commands: tuple[Command, ...]) -> list[RenderableType]:
     if not commands:
         return [
             Text("no commands: the model's structure is as it was built", style=theme.style("dim"))
         ]
-    return [Text(f"  {i}. {c}") for i, c in enumerate(commands, start=1)]
+    return [Text(f"  {i}. {fix_text(c)}") for i, c in enumerate(commands, start=1)]
 
 
 def _what(optimizer: str | None, groups: int, schedulers: tuple[str, ...], amp: str | None) -> Text:

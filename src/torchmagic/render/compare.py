@@ -11,6 +11,26 @@ from .base import Rendered, human_bytes, table
 
 
 def device_compare(report: CompareReport, width: int | None = None) -> Rendered:
+    fastest = report.fastest
+    rows: list[tuple[Text | str, ...]] = []
+    for t in report.timings:
+        if not t.timed:
+            rows.append(
+                (t.device, "", "", "", Text(f"skipped: {t.skipped}", style=theme.style("dim")))
+            )
+            continue
+        best = t.device == fastest and report.runner_up
+        rows.append(
+            (
+                Text(t.device, style=theme.style("ok", bold=True) if best else ""),
+                f"{t.step_ms:.2f}",
+                f"{t.copy_ms:.2f}",
+                f"{t.samples_per_s:,.0f}",
+                Text("fastest", style=theme.style("ok")) if best else "",
+            )
+        )
+    # the notes column ("fastest", "skipped: …") only where a row has a note
+    noted = any(str(row[-1]) for row in rows)
     drawn = table(
         f"`{report.model_name}` on one batch of {report.batch_size} "
         f"({human_bytes(report.batch_bytes)})",
@@ -19,26 +39,13 @@ def device_compare(report: CompareReport, width: int | None = None) -> Rendered:
             ("step ms", "right"),
             ("of which copy", "right"),
             ("samples/s", "right"),
-            ("", "left"),
+            *((("", "left"),) if noted else ()),
         ),
         whole=("device",),
         hide=("of which copy", "samples/s"),
     )
-    fastest = report.fastest
-    for t in report.timings:
-        if not t.timed:
-            drawn.add_row(
-                t.device, "", "", "", Text(f"skipped: {t.skipped}", style=theme.style("dim"))
-            )
-            continue
-        best = t.device == fastest and report.runner_up
-        drawn.add_row(
-            Text(t.device, style=theme.style("ok", bold=True) if best else ""),
-            f"{t.step_ms:.2f}",
-            f"{t.copy_ms:.2f}",
-            f"{t.samples_per_s:,.0f}",
-            Text("fastest", style=theme.style("ok")) if best else "",
-        )
+    for row in rows:
+        drawn.add_row(*(row if noted else row[:-1]))
     parts: list[RenderableType] = [drawn]
     if report.runner_up:
         parts.append(

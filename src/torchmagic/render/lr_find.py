@@ -40,7 +40,8 @@ def chart_svg(result: LrFindResult) -> str:
     fig.patch.set_alpha(0)
     ax = fig.subplots()
     ax.set_facecolor("none")
-    ax.plot(result.lrs, result.losses, color=_RAW, linewidth=0.8, alpha=0.6, label="loss")
+    # the raw loss dotted at full strength (faint on dark at alpha .6), the smoothed solid
+    ax.plot(result.lrs, result.losses, color=_RAW, linewidth=1.0, linestyle=":", label="loss")
     ax.plot(result.lrs, result.smoothed, color=_SMOOTH, linewidth=1.6, label="smoothed")
     if result.falling is not None:
         ax.axvspan(*result.falling, color=_SMOOTH, alpha=0.12, label="loss falls")

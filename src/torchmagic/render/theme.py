@@ -8,8 +8,10 @@ Code's ``--vscode-*`` variable, else a fixed fallback for front ends with neithe
 Some themes' own state colours are too faint to read as text on their background
 (JupyterLab light's ``--jp-warn-color1`` is 2.9:1 on white, VS Code Light Modern's
 ``errorForeground`` 3.4:1). Such roles mix the theme colour with the surrounding text
-colour (``currentColor``, the theme's own foreground), which moves it towards the
-foreground in light and dark themes alike: ``mix`` is the share of the theme colour kept.
+colour, which moves it towards the foreground in light and dark themes alike: ``mix`` is
+the share of the theme colour kept. The text colour is VS Code's editor foreground where
+it is defined (an output's own text there is a grey, ``#616161`` in the light themes,
+that leaves a mix of it under 4.5:1), else the output's (``currentColor``).
 tests/test_theme.py checks every role against the known defaults of each theme.
 """
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.style import Style
+
+_TEXT = "var(--vscode-editor-foreground, currentColor)"  # the colour a role is mixed with
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Role:
     def css(self) -> str:
         if self.mix == 100:
             return self.chain
-        return f"color-mix(in srgb, {self.chain} {self.mix}%, currentColor)"
+        return f"color-mix(in srgb, {self.chain} {self.mix}%, {_TEXT})"
 
 
 ROLES: dict[str, Role] = {

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..advice import spelled
+from ..advice import Command, spelled
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parameter_names
@@ -63,7 +63,7 @@ class SaveReport:
     model_name: str
     model_class: str
     optimizer_name: str | None
-    commands: tuple[str, ...]
+    commands: tuple[Command, ...]  # as the history holds them: each front end spells them
     groups: int
     schedulers: tuple[str, ...]
     amp: str | None  # "bf16", "fp16", or None (off)
@@ -268,7 +268,16 @@ def capture(
     return payload
 
 
-def summarize_save(payload: dict, path: str, nbytes: int, *, synced: bool = False) -> SaveReport:
+def summarize_save(
+    payload: dict,
+    path: str,
+    nbytes: int,
+    *,
+    synced: bool = False,
+    commands: Sequence[Command] | None = None,
+) -> SaveReport:
+    """``commands``: the history's own commands, where the caller has them (else the
+    file's, in Python spelling)."""
     opt = payload["optimizer"]
     return SaveReport(
         path=path,
@@ -276,7 +285,9 @@ def summarize_save(payload: dict, path: str, nbytes: int, *, synced: bool = Fals
         model_name=payload["model"]["name"],
         model_class=short_name(payload["model"]["class"]),
         optimizer_name=None if opt is None else opt["name"],
-        commands=tuple(c["command"] for c in payload["history"]),
+        commands=tuple(
+            (c["command"] for c in payload["history"]) if commands is None else commands
+        ),
         groups=0 if opt is None else len(opt["groups"]),
         schedulers=tuple(short_name(s["class"]) for s in payload["schedulers"]),
         amp=payload["amp"]["dtype"] if payload["amp"]["enabled"] else None,
@@ -291,7 +302,7 @@ def summarize_resume(payload: dict, path: str, target: BoundModel) -> ResumeRepo
         model_name=target.model_name,
         model_class=saved.model_class,
         optimizer_name=target.optimizer_name,
-        commands=saved.commands,
+        commands=tuple(spelled(c) for c in saved.commands),
         groups=saved.groups,
         schedulers=saved.schedulers,
         amp=saved.amp,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -146,9 +147,13 @@ def adaptable(module: object) -> bool:
 
 
 def load() -> ModuleType:
-    """peft itself, imported now (only a LoRA command needs it)."""
+    """peft itself, imported now (only a LoRA command needs it). In a kernel without
+    ipywidgets, the tqdm.auto that peft imports warns "IProgress not found" in pink on
+    the first %lora: a warning about widgets no torchmagic output uses, so it is hidden."""
     try:
-        import peft
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            import peft
     except ImportError:
         raise TorchMagicError("LoRA needs peft, which is not installed: pip install peft") from None
     return peft

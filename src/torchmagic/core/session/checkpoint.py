@@ -35,15 +35,12 @@ if TYPE_CHECKING:
 def save(session: Session, path: str | os.PathLike, model: str | None, sync: bool) -> SaveReport:
     target = session.bound(model)
     distributed.refuse_sharded_save(session, target, os.fspath(path))
-    payload = checkpoint_file.capture(
-        target,
-        session._history.applied(target.model),
-        session.amp,
-        python_call,
-        __version__,
-    )
+    applied = session._history.applied(target.model)
+    payload = checkpoint_file.capture(target, applied, session.amp, python_call, __version__)
     nbytes = checkpoint_file.write(payload, path, sync=sync)
-    return checkpoint_file.summarize_save(payload, os.fspath(path), nbytes, synced=sync)
+    return checkpoint_file.summarize_save(
+        payload, os.fspath(path), nbytes, synced=sync, commands=[e.command for e in applied]
+    )
 
 
 def load(
