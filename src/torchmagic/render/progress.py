@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.segment import Segment
 from rich.text import Text
 
 from ..core.training.fit_events import EpochMetrics, FitStart, StepInfo
@@ -340,6 +341,23 @@ class NotebookProgress:
             self._draw(result)
 
 
+class ScreenTail:
+    """The last lines of ``renderable`` that fit the terminal's screen (one row kept for
+    the cursor). A live view redraws by moving the cursor up over its own height; taller
+    than the screen, the cursor stops at the top row and each redraw would leave copies
+    in the scrollback and wipe what is on the screen."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.renderable, options, pad=False)
+        rows = max(1, console.height - 1)
+        for line in lines[-rows:]:
+            yield from line
+            yield Segment.line()
+
+
 class TerminalProgress:
     """A %fit observer for a terminal: the same view in a transient rich Live. ``finish``
     prints the result (or, without one, the view each run ended with). ``width`` None
@@ -357,20 +375,24 @@ class TerminalProgress:
             width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
         )
         self.state = FitProgress(clock)
-        self.live = Live(
-            console=self.console,
-            auto_refresh=False,
-            transient=True,
-            vertical_overflow="visible",
-        )
-        self.running = False
+        self.live: Live | None = None  # the run's; None between runs
         self.ended: list[RenderableType] = []  # each closed run's last view
 
     def _draw(self) -> None:
-        if not self.running:
+        if self.live is None:
+            # a fresh Live per run: a stopped one still holds its last height, and its
+            # next draw would move up over (and erase) that many lines above it
+            self.live = Live(console=self.console, auto_refresh=False, transient=True)
             self.live.start()
-            self.running = True
-        self.live.update(Fitted(self.state.view()), refresh=True)
+        self.live.update(ScreenTail(Fitted(self.state.view())), refresh=True)
+
+    def _stop(self) -> bool:
+        """Erase the live lines; False when nothing was drawn."""
+        if self.live is None:
+            return False
+        self.live.stop()
+        self.live = None
+        return True
 
     def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)
@@ -397,15 +419,11 @@ class TerminalProgress:
 
     def discard(self) -> None:
         """A refused run: the transient view goes and ``close`` prints no summary."""
-        if self.running:
-            self.live.stop()
-            self.running = False
+        self._stop()
 
     def close(self) -> None:
         """The run ended: its live lines are erased, its last view kept for ``finish``."""
-        if self.running:
-            self.live.stop()
-            self.running = False
+        if self._stop():
             self.state.close()
             self.ended.append(self.state.view())
 
