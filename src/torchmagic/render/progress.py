@@ -30,7 +30,17 @@ from ..core.training.fit_events import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Fitted, Rendered, human
-from .training import decimals, epoch_table, group_names, lr_text, step_text, unfrozen_text
+from .surgery import change
+from .training import (
+    SIGNIFICANT,
+    decimals,
+    epoch_table,
+    group_names,
+    head_position,
+    lr_text,
+    step_text,
+    unfrozen_text,
+)
 
 BAR_WIDTH = 30
 MIN_BAR_WIDTH = 8
@@ -105,6 +115,7 @@ class FitProgress:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self.earlier: list[RenderableType] = []  # reports and ended runs, shown above
         self._begin(None)
 
     def _begin(self, start: FitStart | None) -> None:
@@ -116,13 +127,28 @@ class FitProgress:
         self.unfrozen: list[Unfrozen] = []
         self.stopped: str | None = None  # why the run ended early
         self.ended: float | None = None  # the clock when the run closed
+        self.loss_places: int | None = None  # the live loss's decimals: the run's first
 
     # -- events --------------------------------------------------------------------
 
+    def _shelve(self) -> None:
+        """The run before stays in view above what follows, as it ended."""
+        if self.start is not None:
+            self.earlier.append(Group(*self._run_parts(), self._ended_line()))
+            self._begin(None)
+
     def on_start(self, start: FitStart) -> None:
+        self._shelve()
         self._begin(start)
 
+    def on_report(self, report: object) -> None:
+        """A command between runs (fine_tune's freeze, its unfreeze), kept in view."""
+        self._shelve()
+        self.earlier.append(change(report).renderable)  # type: ignore[arg-type]
+
     def on_step(self, info: StepInfo) -> None:
+        if self.loss_places is None:
+            self.loss_places = decimals([info.loss], SIGNIFICANT + 1)
         self.last = info
         self.validating = None
 
@@ -183,8 +209,8 @@ class FitProgress:
         if info is None:
             return Text("loss … · lr … · samples/s …", style=theme.style("dim"))
         numbers = Text(
-            f"loss {info.loss:.{decimals([info.loss])}f} · "
-            f"lr {lr_text(info.lrs, group_names(info))} · "
+            f"loss {info.loss:.{self.loss_places}f} · "
+            f"lr {lr_text(info.lrs, group_names(info), head_position(info))} · "
             f"{human(info.samples_per_s)} samples/s"
             + ("" if info.data_wait is None else f" · data wait {100 * info.data_wait:.0f} %")
         )
@@ -255,22 +281,30 @@ class FitProgress:
         return line
 
     def running(self) -> list[RenderableType]:
-        """The live block: the same number of lines from the first event to the end."""
-        if self.ended is not None:
-            return [self._ended_line()]
-        if self.counted_in_steps:
-            return [self._step_line(), self._numbers()]
-        return [self._run_line(), self._epoch_line(), self._numbers()]
+        """The live block: the same number of lines from the first event to the end (a
+        closed run's line last, under its last numbers), so nothing below it moves."""
+        live = (
+            [self._step_line(), self._numbers()]
+            if self.counted_in_steps
+            else [self._run_line(), self._epoch_line(), self._numbers()]
+        )
+        if self.ended is None:
+            return live
+        numbers = self._numbers()
+        numbers.stylize(theme.style("dim"))
+        return [*(Text("") for _ in live[2:]), numbers, self._ended_line()]
 
-    def view(self) -> RenderableType:
+    def _run_parts(self) -> list[RenderableType]:
         parts: list[RenderableType] = []
         if self.start is not None:
             parts.append(Text(_start_text(self.start), style=theme.style("dim")))
         if self.epochs:
             parts.append(epoch_table(self.epochs))
         parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
-        parts += self.running()
-        return Group(*parts)
+        return parts
+
+    def view(self) -> RenderableType:
+        return Group(*self.earlier, *self._run_parts(), *self.running())
 
 
 class NotebookProgress:
@@ -318,6 +352,9 @@ class NotebookProgress:
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.state.on_unfreeze(event)
         self._redraw()
+
+    def on_report(self, report: object) -> None:
+        self.state.on_report(report)
 
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
@@ -413,6 +450,9 @@ class TerminalProgress:
     def on_unfreeze(self, event: Unfrozen) -> None:
         self.state.on_unfreeze(event)
         self._draw()
+
+    def on_report(self, report: object) -> None:
+        self.state.on_report(report)
 
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
