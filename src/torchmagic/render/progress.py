@@ -283,7 +283,7 @@ class FitProgress:
     def running(self) -> list[RenderableType]:
         """The live block: the same number of lines from the first event to the end (a
         closed run's line last, under its last numbers), so nothing below it moves."""
-        live = (
+        live: list[RenderableType] = (
             [self._step_line(), self._numbers()]
             if self.counted_in_steps
             else [self._run_line(), self._epoch_line(), self._numbers()]
