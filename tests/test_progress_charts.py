@@ -110,7 +110,7 @@ def test_lr_find_draws_its_curve_in_text_with_the_suggestion_marked():
     (axis,) = [line for line in lines if "└" in line]
     plot = lines[lines.index(axis) - lr_find_view.CURVE_ROWS : lines.index(axis)]
     assert all("┤" in row or "│" in row for row in plot)
-    top = min(max(result.smoothed), 1.5 * result.smoothed[0])  # the divergence goes off it
+    top = result.smoothed[0]  # where the curve started: the divergence goes off the top
     assert [plot[0].split("┤")[0].strip(), plot[-1].split("┤")[0].strip()] == [
         f"{top:.3f}",  # the same decimals: 3 digits for the lower one
         f"{min(result.smoothed):.3f}",
@@ -129,6 +129,47 @@ def test_lr_find_draws_its_curve_in_text_with_the_suggestion_marked():
     assert first_dot / len(plot[0].split("┤")[1]) < lowest / len(result.lrs) + 0.1
     # HTML: the chart instead of the text curve
     assert "<svg" in bundle["text/html"] and "▲" not in bundle["text/html"]
+
+
+def _diverging() -> LrFindResult:
+    """Losses of 0.5-0.9 that blow up at the end (a huge last loss, then a NaN)."""
+    falling = [0.9 - 0.4 * i / 30 for i in range(31)]
+    losses = (*falling, 0.6, 0.9, 3.0, 40.0, 150.0, float("nan"))
+    lrs = tuple(1e-6 * 10 ** (i / 6) for i in range(len(losses)))
+    return LrFindResult(
+        "model",
+        lrs,
+        losses,
+        losses,
+        lrs[15],
+        STEEPEST,
+        (lrs[2], lrs[28]),
+        0,
+        "0",
+        (1.0,),
+        1e-6,
+        1.0,
+        len(losses),
+    )
+
+
+def _y_limits(svg: str) -> tuple[float, float]:
+    """The y axis's tick values, lowest and highest."""
+    axis = svg.split('<g id="matplotlib.axis_2">', 1)[1]
+    ticks = [float(t.replace("−", "-")) for t in re.findall(r"<text[^>]*>([−0-9.]+)</text>", axis)]
+    return min(ticks), max(ticks)
+
+
+def test_lr_find_chart_fits_its_y_axis_to_the_curve_not_the_divergent_tail():
+    result = _diverging()
+    low, high = lr_find_view.loss_span(result, raw=True, headroom=lr_find_view.HEADROOM)
+    assert 0.45 < low < 0.5 and 0.9 < high < 0.95  # the curve's 0.5-0.9 and a little room
+    ticks = _y_limits(_svg(render.render(result)))
+    assert 0.4 <= ticks[0] and ticks[1] <= 1.0  # not -6 to 0.8: the curve fills the axis
+    text = str(render.render(result, 100))
+    assert "the loss falls between lrs 2.15e-6 and" in text  # lrs, said as lrs
+    plot = [line for line in text.splitlines() if "┤" in line]
+    assert [row.split("┤")[0].strip() for row in plot] == ["0.900", "0.500"]
 
 
 def test_lr_find_text_curve_fits_a_narrow_terminal_and_stands_in_for_a_missing_chart(

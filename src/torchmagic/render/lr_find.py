@@ -58,8 +58,9 @@ def chart_svg(result: LrFindResult) -> str:
     ax.set_xscale("log")
     # lrs as the text writes them (1e-5, 0.001), full size: no raised exponent in small type
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: lr(value)))
-    if result.smoothed[0] > 0:  # the divergence at the end goes off the top
-        ax.set_ylim(top=result.smoothed[0] * 1.5)
+    ax.set_ylim(
+        *loss_span(result, raw=True, headroom=HEADROOM)
+    )  # the divergence at the end goes off the top
     ax.set_xlabel(lr_axis(result), fontsize=LABEL_SIZE, color=INK)
     ax.set_ylabel("loss", fontsize=LABEL_SIZE, color=INK)
     ax.tick_params(labelsize=TICK_SIZE, colors=INK, which="both")
@@ -67,6 +68,33 @@ def chart_svg(result: LrFindResult) -> str:
         spine.set_color(INK)
     ax.legend(fontsize=TICK_SIZE, frameon=False, labelcolor=INK)
     return figure_svg(fig, "lr_find chart")
+
+
+HEADROOM = 0.1  # of the drawn range, above and below the curve
+
+
+def loss_span(
+    result: LrFindResult, raw: bool = False, headroom: float = 0.0
+) -> tuple[float, float]:
+    """The losses the chart shows: the smoothed curve from its start down to its minimum
+    and back up to the level it started from (with ``raw``, the raw losses of that
+    stretch too), ``headroom`` of the range added each side. Past that the loss diverges
+    and goes off the top: neither its values nor its non-finite losses stretch the axis."""
+    smoothed = result.smoothed
+    finite = [i for i, v in enumerate(smoothed) if math.isfinite(v)]
+    if not finite:
+        return 0.0, 1.0
+    lowest = min(finite, key=lambda i: smoothed[i])
+    level = max(smoothed[i] for i in finite if i <= lowest)
+    end = next((i for i in finite if i > lowest and smoothed[i] > level), len(smoothed))
+    shown = [smoothed[i] for i in finite if i < end]
+    if raw:
+        shown += [v for v in result.losses[:end] if math.isfinite(v) and v <= level]
+    low, high = min(shown), level
+    if high <= low:  # a flat curve: a unit range around it
+        return low - 0.5, high + 0.5
+    pad = headroom * (high - low)
+    return low - pad, high + pad
 
 
 def lr_axis(result: LrFindResult) -> str:
@@ -88,18 +116,9 @@ class TextCurve:
     def __init__(self, result: LrFindResult) -> None:
         self.result = result
 
-    def _span(self) -> tuple[float, float]:
-        """The loss range drawn: from the smoothed minimum to where the chart's top is
-        (the divergence at the end goes off the top)."""
-        smoothed = self.result.smoothed
-        low, high = min(smoothed), max(smoothed)
-        if smoothed[0] > 0:
-            high = min(high, smoothed[0] * 1.5)
-        return low, (high if high > low else low + 1.0)
-
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         result = self.result
-        low, high = self._span()
+        low, high = loss_span(result)
         top, bottom = numbers([high, low], significant=3)
         margin = max(len(top), len(bottom)) + 1
         columns = max(10, min(CURVE_MAX_WIDTH, options.max_width - margin - 1))
@@ -107,7 +126,7 @@ class TextCurve:
         cells = [[0] * columns for _ in range(CURVE_ROWS)]
         previous: int | None = None
         for x, value in enumerate(_resampled(result.lrs, result.smoothed, 2 * columns)):
-            if value > high:  # off the top
+            if not low <= value <= high:  # off the top (or not finite)
                 previous = None
                 continue
             y = round((high - value) / (high - low) * (dots - 1))
@@ -217,7 +236,7 @@ def _lines(result: LrFindResult) -> list[RenderableType]:
         line.append(f" ({result.rule})")
         if result.falling is not None:
             low, high = result.falling
-            line.append(f" · the loss falls from {lr(low)} to {lr(high)}")
+            line.append(f" · the loss falls between lrs {lr(low)} and {lr(high)}")
         parts.append(line)
     others = [r for i, r in enumerate(result.ratios) if i != result.reference_group]
     if others:

@@ -23,13 +23,24 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.segment import Segment
 from rich.text import Text
 
 from ..core.training.fit_events import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
 from .base import Fitted, Rendered, human
-from .training import decimals, epoch_table, group_names, lr_text, step_text, unfrozen_text
+from .surgery import change
+from .training import (
+    SIGNIFICANT,
+    decimals,
+    epoch_table,
+    group_names,
+    head_position,
+    lr_text,
+    step_text,
+    unfrozen_text,
+)
 
 BAR_WIDTH = 30
 MIN_BAR_WIDTH = 8
@@ -104,6 +115,7 @@ class FitProgress:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self.earlier: list[RenderableType] = []  # reports and ended runs, shown above
         self._begin(None)
 
     def _begin(self, start: FitStart | None) -> None:
@@ -115,13 +127,28 @@ class FitProgress:
         self.unfrozen: list[Unfrozen] = []
         self.stopped: str | None = None  # why the run ended early
         self.ended: float | None = None  # the clock when the run closed
+        self.loss_places: int | None = None  # the live loss's decimals: the run's first
 
     # -- events --------------------------------------------------------------------
 
+    def _shelve(self) -> None:
+        """The run before stays in view above what follows, as it ended."""
+        if self.start is not None:
+            self.earlier.append(Group(*self._run_parts(), self._ended_line()))
+            self._begin(None)
+
     def on_start(self, start: FitStart) -> None:
+        self._shelve()
         self._begin(start)
 
+    def on_report(self, report: object) -> None:
+        """A command between runs (fine_tune's freeze, its unfreeze), kept in view."""
+        self._shelve()
+        self.earlier.append(change(report).renderable)  # type: ignore[arg-type]
+
     def on_step(self, info: StepInfo) -> None:
+        if self.loss_places is None:
+            self.loss_places = decimals([info.loss], SIGNIFICANT + 1)
         self.last = info
         self.validating = None
 
@@ -182,8 +209,8 @@ class FitProgress:
         if info is None:
             return Text("loss … · lr … · samples/s …", style=theme.style("dim"))
         numbers = Text(
-            f"loss {info.loss:.{decimals([info.loss])}f} · "
-            f"lr {lr_text(info.lrs, group_names(info))} · "
+            f"loss {info.loss:.{self.loss_places}f} · "
+            f"lr {lr_text(info.lrs, group_names(info), head_position(info))} · "
             f"{human(info.samples_per_s)} samples/s"
             + ("" if info.data_wait is None else f" · data wait {100 * info.data_wait:.0f} %")
         )
@@ -254,22 +281,30 @@ class FitProgress:
         return line
 
     def running(self) -> list[RenderableType]:
-        """The live block: the same number of lines from the first event to the end."""
-        if self.ended is not None:
-            return [self._ended_line()]
-        if self.counted_in_steps:
-            return [self._step_line(), self._numbers()]
-        return [self._run_line(), self._epoch_line(), self._numbers()]
+        """The live block: the same number of lines from the first event to the end (a
+        closed run's line last, under its last numbers), so nothing below it moves."""
+        live: list[RenderableType] = (
+            [self._step_line(), self._numbers()]
+            if self.counted_in_steps
+            else [self._run_line(), self._epoch_line(), self._numbers()]
+        )
+        if self.ended is None:
+            return live
+        numbers = self._numbers()
+        numbers.stylize(theme.style("dim"))
+        return [*(Text("") for _ in live[2:]), numbers, self._ended_line()]
 
-    def view(self) -> RenderableType:
+    def _run_parts(self) -> list[RenderableType]:
         parts: list[RenderableType] = []
         if self.start is not None:
             parts.append(Text(_start_text(self.start), style=theme.style("dim")))
         if self.epochs:
             parts.append(epoch_table(self.epochs))
         parts += [Text(unfrozen_text(e), style=theme.style("info")) for e in self.unfrozen]
-        parts += self.running()
-        return Group(*parts)
+        return parts
+
+    def view(self) -> RenderableType:
+        return Group(*self.earlier, *self._run_parts(), *self.running())
 
 
 class NotebookProgress:
@@ -318,6 +353,9 @@ class NotebookProgress:
         self.state.on_unfreeze(event)
         self._redraw()
 
+    def on_report(self, report: object) -> None:
+        self.state.on_report(report)
+
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
 
@@ -340,6 +378,23 @@ class NotebookProgress:
             self._draw(result)
 
 
+class ScreenTail:
+    """The last lines of ``renderable`` that fit the terminal's screen (one row kept for
+    the cursor). A live view redraws by moving the cursor up over its own height; taller
+    than the screen, the cursor stops at the top row and each redraw would leave copies
+    in the scrollback and wipe what is on the screen."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.renderable, options, pad=False)
+        rows = max(1, console.height - 1)
+        for line in lines[-rows:]:
+            yield from line
+            yield Segment.line()
+
+
 class TerminalProgress:
     """A %fit observer for a terminal: the same view in a transient rich Live. ``finish``
     prints the result (or, without one, the view each run ended with). ``width`` None
@@ -357,20 +412,24 @@ class TerminalProgress:
             width=width, markup=False, highlight=False, emoji=False, force_jupyter=False
         )
         self.state = FitProgress(clock)
-        self.live = Live(
-            console=self.console,
-            auto_refresh=False,
-            transient=True,
-            vertical_overflow="visible",
-        )
-        self.running = False
+        self.live: Live | None = None  # the run's; None between runs
         self.ended: list[RenderableType] = []  # each closed run's last view
 
     def _draw(self) -> None:
-        if not self.running:
+        if self.live is None:
+            # a fresh Live per run: a stopped one still holds its last height, and its
+            # next draw would move up over (and erase) that many lines above it
+            self.live = Live(console=self.console, auto_refresh=False, transient=True)
             self.live.start()
-            self.running = True
-        self.live.update(Fitted(self.state.view()), refresh=True)
+        self.live.update(ScreenTail(Fitted(self.state.view())), refresh=True)
+
+    def _stop(self) -> bool:
+        """Erase the live lines; False when nothing was drawn."""
+        if self.live is None:
+            return False
+        self.live.stop()
+        self.live = None
+        return True
 
     def on_start(self, start: FitStart) -> None:
         self.state.on_start(start)
@@ -392,20 +451,19 @@ class TerminalProgress:
         self.state.on_unfreeze(event)
         self._draw()
 
+    def on_report(self, report: object) -> None:
+        self.state.on_report(report)
+
     def on_stop(self, message: str) -> None:
         self.state.on_stop(message)
 
     def discard(self) -> None:
         """A refused run: the transient view goes and ``close`` prints no summary."""
-        if self.running:
-            self.live.stop()
-            self.running = False
+        self._stop()
 
     def close(self) -> None:
         """The run ended: its live lines are erased, its last view kept for ``finish``."""
-        if self.running:
-            self.live.stop()
-            self.running = False
+        if self._stop():
             self.state.close()
             self.ended.append(self.state.view())
 

@@ -38,6 +38,15 @@ def numbers(values: Sequence[float | None], significant: int = SIGNIFICANT) -> l
     return ["" if v is None else f"{v:.{places}f}" for v in values]
 
 
+def growing_numbers(values: Sequence[float | None]) -> list[str]:
+    """A column that grows while a run goes on (losses per epoch): its first value decides
+    the decimals (one digit more than ``numbers`` gives it, room for a tenfold fall), so
+    a row added never rewrites the rows above (1.417 does not become 1.4168)."""
+    first = next((v for v in values if v is not None and math.isfinite(v) and v != 0), None)
+    places = decimals([first], SIGNIFICANT + 1)
+    return ["" if v is None else f"{v:.{places}f}" for v in values]
+
+
 def lr_fixed(value: float) -> str:
     """An lr in a column: always ``d.dde-N`` (1.00e-3, 9.29e-6), so a column of lrs keeps
     its width and its digits while a schedule moves it; 0 (a schedule's end) is "0"."""
@@ -60,47 +69,73 @@ def group_names(snapshot: StepInfo | EpochMetrics) -> tuple[str, ...]:
     return tuple(f"group {i}" for i in range(len(snapshot.lrs)))
 
 
-def lr_text(lrs: Sequence[float], names: Sequence[str]) -> str:
-    """One lr when every group shares it, else each group's by name (``lr_fixed``: the
-    live line keeps its width while a schedule moves the lr)."""
+LISTED_GROUPS = 2  # more groups than this: the head's lr and the others' range
+
+
+def head_position(snapshot: StepInfo | EpochMetrics) -> int:
+    """Where the head's group is in ``snapshot.lrs`` (the first, when the loop did not say)."""
+    head = getattr(snapshot, "head", None)
+    return head if head is not None and 0 <= head < len(snapshot.lrs) else 0
+
+
+def lr_text(lrs: Sequence[float], names: Sequence[str], head: int = 0) -> str:
+    """One lr when every group shares it; each group's by name when there are two; with
+    more, the head's and the range of the others, so the line never wraps (``lr_fixed``:
+    it keeps its width while a schedule moves the lr)."""
     if len(set(lrs)) <= 1:
         return lr_fixed(lrs[0]) if lrs else ""
-    return ", ".join(f"{name}: {lr_fixed(value)}" for name, value in zip(names, lrs, strict=True))
+    if len(lrs) <= LISTED_GROUPS:
+        pairs = zip(names, lrs, strict=True)
+        return ", ".join(f"{name}: {lr_fixed(value)}" for name, value in pairs)
+    others = [v for i, v in enumerate(lrs) if i != head]
+    return (
+        f"{names[head]}: {lr_fixed(lrs[head])}, {len(others)} others "
+        f"{lr_fixed(min(others))}–{lr_fixed(max(others))}"
+    )
 
 
 def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
-    """One row per epoch; validation columns only when a run validated, and one lr
-    column per group (named) when the groups' lrs differ. Each column's numbers share
-    their decimals, lrs their format. A narrow width hides samples/s, time and the lrs of
-    all groups but the first, in that order."""
+    """One row per epoch; validation columns only when a run validated; the head group's
+    lr, then time and samples/s, then (when the groups' lrs differ) one lr column per
+    other group (named). A narrow width hides the other groups' lrs first, then
+    samples/s, then time, as it hides the least important columns of every table. Each
+    column's numbers share their decimals, lrs their format."""
     validated = any(m.val_loss is not None or m.val_accuracy is not None for m in epochs)
     per_group = any(len(set(m.lrs)) > 1 for m in epochs)
-    names = group_names(max(epochs, key=lambda m: len(m.lrs))) if epochs else ()
-    lr_columns = [f"lr {name}" for name in names] if per_group else ["lr"]
+    widest = max(epochs, key=lambda m: len(m.lrs)) if epochs else None
+    names = group_names(widest) if widest is not None else ()
+    head = head_position(widest) if widest is not None else 0
+    others = [i for i in range(len(names)) if i != head] if per_group else []
+    other_columns = [f"lr {names[i]}" for i in others]
     columns = [
         "epoch",
         "train loss",
         *(["val loss", "val acc"] if validated else []),
-        *lr_columns,
+        f"lr {names[head]}" if per_group else "lr",
         "time (s)",
         "samples/s",
+        *other_columns,
     ]
-    hide = ["samples/s", "time (s)", *reversed(lr_columns[1:])]
+    hide = [*reversed(other_columns), "samples/s", "time (s)"]
     drawn = table(title or None, [(c, "right") for c in columns], whole=("epoch",), hide=hide)
-    train_losses = numbers([m.train_loss for m in epochs])
-    val_losses = numbers([m.val_loss for m in epochs])
+    train_losses = growing_numbers([m.train_loss for m in epochs])
+    val_losses = growing_numbers([m.val_loss for m in epochs])
     for m, train_loss, val_loss in zip(epochs, train_losses, val_losses, strict=True):
         rate = m.samples / m.seconds if m.seconds else 0.0
-        lrs = [lr_fixed(v) for v in m.lrs] if per_group else [lr_fixed(m.lrs[0]) if m.lrs else ""]
         drawn.add_row(
             str(m.epoch),
             train_loss,
             *([val_loss, _pct(m.val_accuracy)] if validated else []),
-            *lrs,
+            _lr_cell(m.lrs, head_position(m) if per_group else 0),
             f"{m.seconds:.1f}",
             human(rate),
+            *(_lr_cell(m.lrs, i) for i in others),
         )
     return drawn
+
+
+def _lr_cell(lrs: Sequence[float], at: int) -> str:
+    return lr_fixed(lrs[at]) if at < len(lrs) else ""
 
 
 def unfrozen_text(event: Unfrozen) -> str:

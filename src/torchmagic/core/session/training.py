@@ -23,7 +23,7 @@ from ..surgery.results import Replay
 from ..training.amp import Accumulation
 from ..training.counts import check_ceiling
 from ..training.fit import fit as run_fit
-from ..training.fit_events import FitHistory, FitObserver, StopReason
+from ..training.fit_events import FitHistory, FitObserver, StopReason, report_progress
 from ..training.fit_plan import FitPlan, check_plan, resolve_loss
 from ..training.lr_find import LrFindResult, check_range, find_lr
 from ..training.progressive import Monitor, Pacing, check_pacing
@@ -360,6 +360,7 @@ def fine_tune(
     assert opt is not None
     before, fits_before = _newest_command(session, target.model), len(session._fit_calls)
     freeze = session.freeze(name, exclude=(head,), bn=bn, optimizer=optimizer)
+    report_progress(observer, freeze)
     with _phase(session, opt, HEAD_PHASE, freeze_epochs * steps_per_epoch):
         head_fit = session.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
     result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
@@ -371,6 +372,7 @@ def fine_tune(
         else _head_base_lr(names.bind(session.workspace, name, target.model, optimizer, False))
     )
     unfreeze = session.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
+    report_progress(observer, unfreeze)
     with _phase(session, opt, UNFROZEN_PHASE, epochs * steps_per_epoch):
         full_fit = session.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
     # the whole recipe ran: export it as one call, not as its four commands

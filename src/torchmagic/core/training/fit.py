@@ -105,6 +105,16 @@ class _Trainer:
         groups = self.plan.optimizer.param_groups
         return tuple(str(g.get("name", f"group {i}")) for i, g in enumerate(groups) if g["params"])
 
+    def _head_position(self) -> int | None:
+        """Where the head's group is among :meth:`_group_lrs`: the non-empty group that
+        holds the model's last parameter in the optimizer."""
+        groups = [g for g in self.plan.optimizer.param_groups if g["params"]]
+        where = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+        return next(
+            (where[id(p)] for p in reversed(list(self.plan.model.parameters())) if id(p) in where),
+            None,
+        )
+
     def _request_interrupt(self) -> None:
         self.interrupt_requested = True
 
@@ -267,6 +277,7 @@ class _Trainer:
                         lrs=tuple(float(lr) for lr in self._group_lrs()),
                         data_wait=(self.source.wait_s - waited_before) / (now - start),
                         groups=self._group_names(),
+                        head=self._head_position(),
                     )
                 )
         if self.stop is not StopReason.NON_FINITE_LOSS:
@@ -299,6 +310,7 @@ class _Trainer:
             run.seconds,
             trained_lrs,
             self._group_names(),
+            self._head_position(),
         )
 
     def _pace(self, metrics: EpochMetrics) -> None:

@@ -54,6 +54,7 @@ class StepInfo:
     lrs: tuple[float, ...]
     data_wait: float | None = None  # share of this epoch's time so far spent waiting for batches
     groups: tuple[str, ...] = ()  # the names of the groups ``lrs`` belong to
+    head: int | None = None  # the position in ``lrs`` of the group training the head
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class EpochMetrics:
     seconds: float
     lrs: tuple[float, ...]
     groups: tuple[str, ...] = ()  # the names of the groups ``lrs`` belong to
+    head: int | None = None  # the position in ``lrs`` of the group training the head
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,14 @@ def discard_progress(observer: FitObserver) -> None:
     discard = getattr(observer, "discard", None)
     if discard is not None:
         discard()
+
+
+def report_progress(observer: FitObserver | None, report: object) -> None:
+    """A command run between two runs of one observer (fine_tune's freeze and unfreeze),
+    shown with the runs while they go on; ``on_report`` is optional for observers."""
+    on_report = getattr(observer, "on_report", None)
+    if on_report is not None:
+        on_report(report)
 
 
 class SilentObserver:
