@@ -138,9 +138,12 @@ def test_html_tables_size_to_the_output():
     parsed = _Tags()
     parsed.feed(html_text)
     names = [tag for tag, _ in parsed.tags]
-    assert "code" not in names and "hidden" not in html_text  # ... the HTML keeps them all
-    (outer_tag, outer), (title_tag, _) = parsed.tags[:2]
+    assert "code" not in names  # ... the HTML keeps them all, the browser hides them
+    (outer_tag, outer), (block_tag, block), (style_tag, _), (title_tag, _) = parsed.tags[:4]
     assert outer_tag == "div" and _rules(outer)["overflow-x"].startswith("auto")
+    # the table's own block scrolls (its scrollbar under it) and hides by its width
+    assert block_tag == "div" and _rules(block)["overflow-x"].startswith("auto")
+    assert _rules(block)["container-type"] == "inline-size" and style_tag == "style"
     assert title_tag == "div"  # above the table: it wraps at the output's width
     table = dict(parsed.tags)["table"]
     assert names.index("table") > 1 and _rules(table)["max-width"] == "100%"

@@ -27,7 +27,7 @@ from rich.segment import Segment
 from rich.table import Column, Table
 from rich.text import Text
 
-from . import theme
+from . import html_narrow, theme, units
 
 # HTML: every table a real <table> the browser sizes to the output (max-width 100%: its
 # prose columns wrap at spaces, never inside a word; names and numbers never wrap), the
@@ -66,7 +66,7 @@ _TITLE = (
 )
 
 # a run between spaces, a number with its unit one run ("4.0 MiB", "0 %")
-_WORD = re.compile(r"[^ ]*\d (?:[KMG]iB|B|s|ms|%|samples/s)(?![A-Za-z/])[^ ]*|[^ ]+")
+_WORD = re.compile(rf"[^ ]*\d {units.UNITS}[^ ]*|[^ ]+")
 RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
 FONT = _FONT
 
@@ -200,16 +200,18 @@ class Fitted:
             if any(width > options.max_width for _, width in drawn):
                 drawn = [(part, options.max_width)]
             for fitted, _ in drawn:
-                yield from console.render(fitted, options)
+                for segment in console.render(fitted, options):
+                    yield segment._replace(text=units.unglue(segment.text))
 
 
 def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
-    """The renderables of a (nested) Group in order, each drawn at its own width."""
+    """The renderables of a (nested) Group in order, each drawn at its own width, its
+    numbers glued to their units (``units``)."""
     if isinstance(renderable, Group):
         for part in renderable.renderables:
             yield from _parts(part)
     else:
-        yield renderable
+        yield units.glue(renderable)
 
 
 def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[RenderableType, int]]:
@@ -227,15 +229,9 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     if not isinstance(part, Table) or not part.columns or _sized(part):
         return [(part, width)]
     lows, highs = _column_sizes(console, part)
-    # a row wraps where a column is narrower than its widest cell; prose (``_prose``)
-    # may wrap down to _PROSE before a column is hidden for it
-    needs = [min(high, max(low, _PROSE)) for low, high in zip(lows, highs, strict=True)]
-    order = list(part.hide) if isinstance(part, HouseTable) else []
-    shown = list(range(len(part.columns)))
+    gone = {column for below, column in hide_widths(console, part) if width < below}
+    shown = [i for i in range(len(part.columns)) if i not in gone]
     edges = _edges(console, part, shown)
-    while sum(needs[i] for i in shown) > width - edges and order:
-        shown.remove(order.pop(0))
-        edges = _edges(console, part, shown)
     hidden = [i for i in range(len(part.columns)) if i not in shown]
     fitted = copy.copy(part)
     # rich measures a column by its _index (the last one has no right padding)
@@ -256,6 +252,25 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     names = ", ".join(_header(part.columns[i].header) or f"column {i + 1}" for i in hidden)
     note = Text(f"… hidden at {width} columns: {names}", style=theme.style("dim"))
     return [(fitted, drawn_at), (note, width)]
+
+
+def hide_widths(console: Console, table: Table) -> list[tuple[int, int]]:
+    """(width, column) for each column ``table`` hides (``HouseTable.hide``, in order):
+    drawn narrower than ``width``, the table hides it, as every column before it, so
+    that each row fits on one line (prose wrapped down to ``_PROSE`` columns)."""
+    order = list(table.hide) if isinstance(table, HouseTable) else []
+    if not order:
+        return []
+    lows, highs = _column_sizes(console, table)
+    # a row wraps where a column is narrower than its widest cell; prose (``_prose``)
+    # may wrap down to _PROSE before a column is hidden for it
+    needs = [min(high, max(low, _PROSE)) for low, high in zip(lows, highs, strict=True)]
+    shown = list(range(len(table.columns)))
+    widths = []
+    for column in order:
+        widths.append((sum(needs[i] for i in shown) + _edges(console, table, shown), column))
+        shown.remove(column)
+    return widths
 
 
 def drawn_width(console: Console, part: RenderableType, width: int) -> int:
@@ -346,8 +361,8 @@ def _share(lows: Sequence[int], highs: Sequence[int], room: int) -> list[int]:
 
 
 def _rstrip(line: Iterable[Segment]) -> list[Segment]:
-    """Table cells pad with spaces: no line ends in one."""
-    kept = list(line)
+    """Table cells pad with spaces: no line ends in one. Glued spaces (``units``) back."""
+    kept = [s._replace(text=units.unglue(s.text)) for s in line]
     while kept and not kept[-1].text.rstrip():
         kept.pop()
     if kept:
@@ -378,7 +393,8 @@ def _html_table(console: Console, table: Table) -> str:
     """``table`` as an HTML table: its title above it, its header bold over a rule, its
     columns apart by thin rules. Prose (``_prose``) wraps at spaces only (each word kept
     whole); every other column keeps each cell on one line (indents kept), so a row
-    wraps only its sentences.
+    wraps only its sentences. In a block of its own that hides columns at a narrow
+    output as the text drawing does (``html_narrow``).
     The header of a key column (one no width hides) carries ``data-tm-key``: what
     ``tools/ui_check.py`` finds inside the visible output."""
     columns = table.columns
@@ -386,40 +402,45 @@ def _html_table(console: Console, table: Table) -> str:
     hidden = set(table.hide) if isinstance(table, HouseTable) else set()
     _, highs = _column_sizes(console, table)
     prose = [_prose(column, high) for column, high in zip(columns, highs, strict=True)]
-
-    def style(index: int, column: Column, head: bool) -> str:
-        justify = column.justify if column.justify in ("left", "right", "center") else "left"
-        wrap = "normal" if prose[index] and not head else "pre"
-        left, right = ("0" if index == 0 else "1ch"), ("0" if index == last else "1ch")
-        rule = f";border-left:{RULE}" if index else ""
-        return (
-            f"padding:0 {right} 0 {left};vertical-align:top;text-align:{justify};"
-            f"white-space:{wrap}{rule}"
-        )
-
-    head = ""
-    if table.show_header:
-        heads = "".join(
-            f"<th{'' if i in hidden else ' data-tm-key'} "
-            f'style="{style(i, c, True)};font-weight:bold;border-bottom:{RULE}">'
-            f"{_html_cell(console, c.header, whole=True)}</th>"
-            for i, c in enumerate(columns)
-        )
-        head = f"<thead><tr>{heads}</tr></thead>"
+    heads = [_html_cell(console, c.header, whole=True) for c in columns]
     cells = [
         [_html_cell(console, cell, whole=not prose[i]) for cell in c.cells]
         for i, c in enumerate(columns)
     ]
+    title = _TITLE.format(_html_cell(console, table.title, whole=False)) if table.title else ""
+    scope = html_narrow.scope_of(title + "".join(heads) + "".join(map("".join, cells)))
+
+    def attributes(index: int, column: Column, head: bool) -> str:
+        justify = column.justify if column.justify in ("left", "right", "center") else "left"
+        wrap = "normal" if prose[index] and not head else "pre"
+        left, right = ("0" if index == 0 else "1ch"), ("0" if index == last else "1ch")
+        rule = f";border-left:{RULE}" if index else ""
+        key = f' class="{html_narrow.column_class(scope, index)}"' if index in hidden else ""
+        if head and index not in hidden:
+            key = " data-tm-key"
+        return (
+            f'{key} style="padding:0 {right} 0 {left};vertical-align:top;'
+            f"text-align:{justify};white-space:{wrap}{rule}"
+        )
+
+    head = ""
+    if table.show_header:
+        row = "".join(
+            f'<th{attributes(i, c, True)};font-weight:bold;border-bottom:{RULE}">{heads[i]}</th>'
+            for i, c in enumerate(columns)
+        )
+        head = f"<thead><tr>{row}</tr></thead>"
     rows = []
     for r in range(table.row_count):
         between = f";border-top:{RULE}" if table.show_lines and r else ""
         row = "".join(
-            f'<td style="{style(i, c, False)}{between}">{cells[i][r]}</td>'
+            f'<td{attributes(i, c, False)}{between}">{cells[i][r]}</td>'
             for i, c in enumerate(columns)
         )
         rows.append(f"<tr>{row}</tr>")
-    title = _TITLE.format(_html_cell(console, table.title, whole=False)) if table.title else ""
-    return title + _TABLE.format(head=head, rows="".join(rows))
+    body = title + _TABLE.format(head=head, rows="".join(rows))
+    names = [_header(c.header) or f"column {i + 1}" for i, c in enumerate(columns)]
+    return html_narrow.block(scope, body, hide_widths(console, table), names, _FONT)
 
 
 def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
