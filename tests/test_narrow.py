@@ -112,7 +112,7 @@ def test_hidden_columns_go_in_priority_order_and_are_named() -> None:
 def test_an_epoch_table_keeps_epoch_and_loss_and_never_cuts_a_number() -> None:
     """Three named groups' lrs at 60 columns: lrs whole (``9.29e-6`` was drawn as
     ``9.29e`` / ``-6``), the other groups' lrs hidden first, then samples/s and time
-    (all of them at 60 columns: the head's lr column is wide)."""
+    (all of them at 60 columns: the head's lr column is wide), and named."""
     from torchmagic.core.training.fit_events import EpochMetrics
 
     groups = ("bert.embeddings · no_decay", "bert.encoder.layer.1 · decay", "classifier")
@@ -123,7 +123,8 @@ def test_an_epoch_table_keeps_epoch_and_loss_and_never_cuts_a_number() -> None:
     text = str(drawn)
     assert max(map(len, text.splitlines())) <= 60
     assert "9.29e-6" in text and "0.6931" in text
-    note = " ".join(text.split("… hidden at 60 columns: ")[1].split())  # it wraps
-    assert note == "time (s), samples/s, lr bert.encoder.layer.1 · decay, lr classifier"
+    footer = " ".join(text[text.index("… hidden at 60 columns") :].split())  # it wraps
+    hidden = "time (s), samples/s, lr bert.encoder.layer.1 · decay, lr classifier"
+    assert footer == f"… hidden at 60 columns: {hidden}"
     table = next(p for p, _ in drawn.drawn(drawn.console()) if isinstance(p, Table))
     assert [c.header for c in table.columns][:2] == ["epoch", "train loss"]
