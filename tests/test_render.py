@@ -58,7 +58,9 @@ def test_history_chart_is_drawn_only_for_html(monkeypatch):
         "fit 1", "model", (EpochMetrics(1, 1.0, None, None, 8, 1.0, (0.1,)),), 1, 8, 1.0
     )
     charts = []
-    monkeypatch.setattr(render.chart, "history_chart", lambda h: charts.append(h) or "<img/>")
+    monkeypatch.setattr(
+        render.chart, "history_chart", lambda h, sequential=False: charts.append(h) or "<img/>"
+    )
     view = render.render(render.FitRuns((run,)))
     assert set(view._repr_mimebundle_(include={"text/plain"})) == {"text/plain"}
     assert charts == []

@@ -7,7 +7,9 @@ the lines use palette colours that read on light and dark backgrounds alike. Tra
 validation differ in colour (blue / amber for the first run: apart for colour-blind
 readers too), marker (circle / square) and line (solid / dashed); the legend shows the
 three. Text is sized to read at a 900 px window: the figure is drawn at most 6.4 in
-wide and scales down to the output's width, never wider.
+wide and scales down to the output's width, never wider. Runs compared (``%tm fits``) start
+at epoch 1 each; runs one after the other (``%fine_tune``'s phases) are drawn in sequence,
+a dotted line where each later run begins.
 """
 
 from __future__ import annotations
@@ -50,22 +52,60 @@ def _axes_style(ax, title: str, epochs: Sequence[int]) -> None:
         legend.get_frame().set_alpha(0)
 
 
-def history_chart(histories: Sequence[FitHistory]) -> str:
+def history_chart(histories: Sequence[FitHistory], sequential: bool = False) -> str:
     """The chart as inline SVG, or '' without matplotlib or without epochs."""
-    runs = [h for h in histories if h.epochs]
-    if not runs:
-        return ""
     try:
-        from matplotlib.figure import Figure
+        fig = history_figure(histories, sequential)
     except ImportError:
         return ""
+    return "" if fig is None else figure_svg(fig, "fit history chart")
+
+
+def epoch_offsets(runs: Sequence[FitHistory], sequential: bool) -> list[int]:
+    """Where each run's epoch 1 goes on the x axis, less one: 0 for runs compared side
+    by side; for runs one after the other (fine_tune's phases), the epochs before it."""
+    offsets, before = [], 0
+    for h in runs:
+        offsets.append(before if sequential else 0)
+        before += max(m.epoch for m in h.epochs)
+    return offsets
+
+
+def _mark(axes: Sequence, x: float, label: str) -> None:
+    """A dotted line between epochs in every panel, named at the top of the first (a
+    block unfrozen, a run begun)."""
+    for ax in axes:
+        ax.axvline(x, linestyle=":", linewidth=1, color=INK)
+    axes[0].annotate(
+        label,
+        (x, 1),
+        xycoords=("data", "axes fraction"),
+        fontsize=TICK_SIZE,
+        rotation=90,
+        va="top",
+        ha="right",
+        color=INK,
+    )
+
+
+def history_figure(histories: Sequence[FitHistory], sequential: bool = False) -> Figure | None:
+    """The chart's figure (None without epochs). ``sequential``: each run continues
+    where the one before ended, and a marked line shows where it begins."""
+    runs = [h for h in histories if h.epochs]
+    if not runs:
+        return None
+    from matplotlib.figure import Figure
+
     with_accuracy = any(m.val_accuracy is not None for h in runs for m in h.epochs)
     fig = Figure(figsize=(6.4 if with_accuracy else 3.6, 2.6))
     fig.patch.set_alpha(0)
     loss_ax, *rest = fig.subplots(1, 2 if with_accuracy else 1, squeeze=False)[0]
-    for i, h in enumerate(runs):
+    offsets = epoch_offsets(runs, sequential)
+    epochs: list[int] = []  # every x drawn
+    for i, (h, offset) in enumerate(zip(runs, offsets, strict=True)):
         train_color, val_color = RUN_COLORS[i % len(RUN_COLORS)]
-        xs = [m.epoch for m in h.epochs]
+        xs = [offset + m.epoch for m in h.epochs]
+        epochs.extend(xs)
         loss_ax.plot(
             xs,
             [m.train_loss for m in h.epochs],
@@ -79,24 +119,14 @@ def history_chart(histories: Sequence[FitHistory]) -> str:
         if rest and any(m.val_accuracy is not None for m in h.epochs):
             accuracy = [None if m.val_accuracy is None else 100 * m.val_accuracy for m in h.epochs]
             rest[0].plot(xs, accuracy, color=val_color, label=f"{h.label} val", **VAL_STYLE)
+        if sequential and i:
+            _mark((loss_ax, *rest), offset + 0.5, h.label)
         for event in h.unfreezes:  # the block trains from the next epoch on
-            for ax in (loss_ax, *rest):
-                ax.axvline(event.epoch + 0.5, linestyle=":", linewidth=1, color=INK)
-            loss_ax.annotate(
-                event.block,
-                (event.epoch + 0.5, 1),
-                xycoords=("data", "axes fraction"),
-                fontsize=TICK_SIZE,
-                rotation=90,
-                va="top",
-                ha="right",
-                color=INK,
-            )
-    epochs = [m.epoch for h in runs for m in h.epochs]
+            _mark((loss_ax, *rest), offset + event.epoch + 0.5, event.block)
     _axes_style(loss_ax, "loss", epochs)
     if rest:
         _axes_style(rest[0], "val accuracy (%)", epochs)
-    return figure_svg(fig, "fit history chart")
+    return fig
 
 
 def figure_svg(fig: Figure, label: str) -> str:

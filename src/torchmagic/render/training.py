@@ -145,13 +145,19 @@ def unfrozen_text(event: Unfrozen) -> str:
 
 class HistoryView(Rendered):
     """A rendered view that also carries the histories it shows (``.histories``) and adds
-    the chart to its HTML."""
+    the chart to its HTML; ``sequential`` runs (fine_tune's phases) are charted one after
+    the other, not over each other."""
 
     def __init__(
-        self, renderable: RenderableType, histories: Sequence[FitHistory], width: int | None = None
+        self,
+        renderable: RenderableType,
+        histories: Sequence[FitHistory],
+        width: int | None = None,
+        sequential: bool = False,
     ) -> None:
         super().__init__(renderable, width)
         self.histories = tuple(histories)
+        self.sequential = sequential
 
     def __getattr__(self, name: str) -> Any:
         """A view of one run reads like its history (``history = %fit …`` then
@@ -166,7 +172,7 @@ class HistoryView(Rendered):
     ) -> dict[str, str]:
         bundle = super()._repr_mimebundle_(include, exclude)
         if "text/html" in bundle:
-            bundle["text/html"] += chart.history_chart(self.histories)
+            bundle["text/html"] += chart.history_chart(self.histories, self.sequential)
         return bundle
 
 
@@ -227,14 +233,15 @@ def _history_parts(history: FitHistory) -> list[RenderableType]:
 def fine_tune_runs(
     steps: Sequence[tuple[RenderableType, FitHistory | None]], width: int | None = None
 ) -> HistoryView:
-    """The recipe in the order it ran: each command's report, then the run after it."""
+    """The recipe in the order it ran: each command's report, then the run after it; the
+    chart draws each run after the one before."""
     parts: list[RenderableType] = []
     for report, run in steps:
         parts.append(report)
         if run is not None:
             parts.extend(_history_parts(run))
     runs = [run for _, run in steps if run is not None]
-    return HistoryView(Group(*parts), runs, width)
+    return HistoryView(Group(*parts), runs, width, sequential=True)
 
 
 def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryView:
