@@ -138,7 +138,7 @@ def test_doctor_finds_a_head_swapped_by_hand_outside_the_learners_optimizer():
     learner = Learner()
     learner.model.fc = nn.Linear(512, 5)
     report = Session(namespace={"learner": learner}).doctor()
-    assert any(f.check == "unoptimized" for f in report.findings)
+    assert any(f.check == "head-replaced-by-hand" for f in report.findings)
 
 
 # -- Lightning -----------------------------------------------------------------------

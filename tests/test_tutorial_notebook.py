@@ -37,7 +37,8 @@ PITFALL_CHECKS = (
     "unoptimized",
 )
 # A finding's first row in the doctor's table: "warning │ bn-drift │ where │ problem".
-FINDING_ROW = re.compile(r"^(?:error|warning|info)\s+│\s+([a-z-]+)\s+│", re.M)
+# a finding as a table row, or as a block's first line where the table would not fit
+FINDING_ROW = re.compile(r"^\s*(?:error|warning|info)\s+[│·]\s+([a-z-]+)\s+[│·]", re.M)
 
 
 def _runner() -> ModuleType:

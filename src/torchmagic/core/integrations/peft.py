@@ -297,7 +297,8 @@ def set_enabled(layer: Any, flag: bool) -> None:
 
 def width(module: object, side: str) -> int | None:
     """A layer's input (``side="in"``) or output width: a Linear's features, a Conv's
-    channels (a LoRA layer has its base layer's); None for other layers."""
+    channels, a transformers ``Conv1D``'s ``nx``/``nf`` (GPT-2's projections, weight
+    stored (in, out)); a LoRA layer has its base layer's; None for other layers."""
     for attr in _WIDTH_ATTRIBUTES[side]:
         value = _int_attribute(module, attr)
         if value is not None:
@@ -305,7 +306,10 @@ def width(module: object, side: str) -> int | None:
     return None
 
 
-_WIDTH_ATTRIBUTES = {side: (f"{side}_features", f"{side}_channels") for side in ("in", "out")}
+_WIDTH_ATTRIBUTES = {
+    side: (f"{side}_features", f"{side}_channels", conv1d)
+    for side, conv1d in (("in", "nx"), ("out", "nf"))
+}
 
 
 def _int_attribute(obj: object, attr: str) -> int | None:

@@ -81,6 +81,8 @@ def undo(session: Session) -> Change:
         ema_unclear=unclear,
     )
     observed = invariants.observe(target)
+    if isinstance(record.observed, invariants.Observed):  # what it was before the command
+        observed = observed.also(record.observed)
 
     def revert() -> tuple[Counts, dict]:
         measured = count(model), group_keys(opt)

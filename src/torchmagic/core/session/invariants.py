@@ -46,6 +46,13 @@ class Observed:
     widths: tuple[dict[str, int], dict[str, int]]
     alive: list[object] = field(default_factory=list)
 
+    def also(self, earlier: Observed) -> Observed:
+        """These problems and ``earlier``'s (an undo may put back what its command fixed),
+        with these widths."""
+        return Observed(
+            {**earlier.problems, **self.problems}, self.widths, [*self.alive, *earlier.alive]
+        )
+
 
 def observe(target: BoundModel, parameters: Sequence[nn.Parameter] | None = None) -> Observed:
     """What is already wrong before a command (see the module's docstring); ``parameters``:

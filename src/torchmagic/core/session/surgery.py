@@ -118,6 +118,7 @@ def _atomically(
             session.config.history_limit,
             session.history_cap().nbytes,
             replay,
+            before,
         )
         _settle(session, target, tx)
         return change, dropped

@@ -464,7 +464,8 @@ def _adopted(
     opt: torch.optim.Optimizer, model: nn.Module, blocks: Sequence[Block]
 ) -> list[tuple[nn.Parameter, nn.Parameter]]:
     """(old, new) for each block assigned by hand over a module the optimizer still holds."""
-    return [p for b in blocks if b.recurse for p in replaced.predecessors(opt, model, b.module)]
+    finder = replaced.Replaced(opt, model)
+    return [p for b in blocks if b.recurse for p in finder.predecessors(b.module)]
 
 
 def _head_groups(

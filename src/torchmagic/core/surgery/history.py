@@ -75,6 +75,7 @@ class Record:
     tx: Transaction | None  # None once released: listed, never undone
     stale: str = ""  # why it was released
     replay: Replay | None = None  # the call that makes the command again
+    observed: object = None  # the invariants' problems before it: its undo may put them back
 
 
 class Cleared(NamedTuple):
@@ -100,10 +101,12 @@ class History:
         max_entries: int,
         max_bytes: int,
         replay: Replay | None = None,
+        observed: object = None,
     ) -> int:
         """Record a committed command; undoing it (reverting ``tx``) also removes the
         record. Appending is the commit point: a record in the history is a command
-        applied. Returns how many of the oldest records were dropped to keep within
+        applied. ``observed``: what the invariants found before it, kept for its undo.
+        Returns how many of the oldest records were dropped to keep within
         ``max_entries`` and ``max_bytes``."""
         tx.nbytes()  # measured (and kept) before the commit point: a failure here is a rollback
         record = Record(
@@ -113,6 +116,7 @@ class History:
             None if optimizer is None else weakref.ref(optimizer),
             tx,
             replay=replay,
+            observed=observed,
         )
         tx.add(lambda: self._discard(record))
         self._next += 1

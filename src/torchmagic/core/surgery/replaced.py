@@ -37,24 +37,36 @@ def _runs(
     return runs
 
 
-def predecessors(
-    opt: torch.optim.Optimizer, model: nn.Module, module: nn.Module
-) -> list[tuple[nn.Parameter, nn.Parameter]]:
-    """(old, new) pairs when ``module`` (of ``model``) replaced, by assignment, a module
-    whose tensors the optimizer still holds in its place: as many, of the same ranks, in
-    the same order. Empty when the optimizer holds any of ``module``'s parameters, any is
-    frozen, or no such tensors are where the module's would be."""
-    new = list(module.parameters())
-    held = group_index(opt)
-    if not new or any(id(p) in held or not p.requires_grad for p in new):
-        return []  # a fresh module trains; a frozen one in no group went home, not astray
-    params = [p for _, p in model.named_parameters()]
-    model_ids = {id(p) for p in params}
-    mine = {id(p) for p in new}
-    places = [i for i, p in enumerate(params) if id(p) in mine]
-    before = next((p for p in reversed(params[: places[0]]) if id(p) in held), None)
-    after = next((p for p in params[places[-1] + 1 :] if id(p) in held), None)
-    for run in _runs(opt, (before, after), model_ids):
-        if len(run) == len(new) and all(o.dim() == n.dim() for o, n in zip(run, new, strict=True)):
-            return list(zip(run, new, strict=True))
-    return []
+class Replaced:
+    """Finds, in one ``model`` and ``opt``, modules assigned by hand over a module whose
+    tensors ``opt`` still holds; what it needs of both is read once, so that asking of
+    every module of the model stays linear."""
+
+    def __init__(self, opt: torch.optim.Optimizer, model: nn.Module) -> None:
+        self._opt = opt
+        self._held = group_index(opt)
+        self._params = [p for _, p in model.named_parameters()]
+        self._model_ids = {id(p) for p in self._params}
+        self._place = {id(p): i for i, p in enumerate(self._params)}
+
+    def predecessors(self, module: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """(old, new) pairs when ``module`` replaced, by assignment, a module whose tensors
+        the optimizer still holds in its place: as many, of the same ranks, in the same
+        order. Empty when the optimizer holds any of ``module``'s parameters, any is
+        frozen, or no such tensors are where the module's would be."""
+        new = list(module.parameters())
+        held = self._held
+        if not new or any(id(p) in held or not p.requires_grad for p in new):
+            return []  # a fresh module trains; a frozen one in no group went home, not astray
+        places = sorted(self._place[id(p)] for p in new if id(p) in self._place)
+        if not places:
+            return []
+        params = self._params
+        before = next((p for p in reversed(params[: places[0]]) if id(p) in held), None)
+        after = next((p for p in params[places[-1] + 1 :] if id(p) in held), None)
+        for run in _runs(self._opt, (before, after), self._model_ids):
+            if len(run) == len(new) and all(
+                o.dim() == n.dim() for o, n in zip(run, new, strict=True)
+            ):
+                return list(zip(run, new, strict=True))
+        return []

@@ -10,7 +10,7 @@ import torch
 
 from ...advice import PLACEHOLDER, Call
 from ...modules import parameter_names
-from ...surgery.replaced import predecessors
+from ...surgery.replaced import Replaced
 from ...tensors import held_ids, optimizer_params, state_bytes
 from ..context import DoctorContext, ModelEntry
 from ..findings import Finding, block_call, first_names
@@ -27,10 +27,11 @@ def _replaced_by_hand(model: ModelEntry, opt: torch.optim.Optimizer) -> dict[str
     """Module path → tensors the optimizer still holds of the module it replaced by
     assignment (``model.fc = nn.Linear(…)``); outermost modules only."""
     found: dict[str, int] = {}
+    finder = Replaced(opt, model.module)
     for path, module in model.module.named_modules():
         if not path or any(path.startswith(f"{done}.") for done in found):
             continue
-        pairs = predecessors(opt, model.module, module)
+        pairs = finder.predecessors(module)
         if pairs and all(new.requires_grad for _, new in pairs):
             found[path] = len(pairs)
     return found
