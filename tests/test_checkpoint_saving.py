@@ -169,3 +169,20 @@ def test_a_folder_is_refused_in_one_line(tmp_path):
     with pytest.raises(TorchMagicError, match=r"^cannot save to '.*x\.pt': it is a folder$"):
         tm.save(tmp_path / "x.pt")
     assert os.listdir(tmp_path / "x.pt") == []
+
+
+def test_a_read_only_folder_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The temporary file cannot be made (EACCES, as ``mkstemp`` raises it in a folder
+    without write permission; the suite may run as root, whom chmod does not stop)."""
+    tm = _session()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", refused)
+    with pytest.raises(TorchMagicError) as caught:
+        tm.save(tmp_path / "run.pt")
+    assert str(caught.value) == (
+        f"cannot save to '{tmp_path / 'run.pt'}': Permission denied; nothing was written"
+    )
+    assert os.listdir(tmp_path) == []
