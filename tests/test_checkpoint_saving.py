@@ -186,3 +186,26 @@ def test_a_read_only_folder_is_refused_in_one_line(tmp_path, monkeypatch):
         f"cannot save to '{tmp_path / 'run.pt'}': Permission denied; nothing was written"
     )
     assert os.listdir(tmp_path) == []
+
+
+def test_a_sigint_while_the_umask_is_read_leaves_the_umask(tmp_path, monkeypatch, umask):
+    """Python reads the umask only by setting one and putting the old back: a real SIGINT
+    between the two is held, so the process keeps its own umask and no file is left."""
+    import signal
+
+    tm = _session()
+    umask(0o027)
+    real_umask = os.umask
+
+    def signalled(value: int) -> int:
+        old = real_umask(value)
+        if value != 0o027:  # the probe, not the putting back
+            os.kill(os.getpid(), signal.SIGINT)
+        return old
+
+    monkeypatch.setattr(files.os, "umask", signalled)
+    with pytest.raises(KeyboardInterrupt):
+        tm.save(tmp_path / "run.pt")
+    monkeypatch.undo()
+    assert os.umask(0o027) == 0o027
+    assert os.listdir(tmp_path) == []

@@ -33,7 +33,7 @@ def write(payload: dict, path: str | os.PathLike, *, sync: bool = False) -> int:
         raise TorchMagicError(f"cannot save to '{shown}': it is a folder", param="path")
     made: list[str] = []  # the temporary file, named as soon as it exists
     try:
-        _temporary(folder, _mode(path), made)
+        _temporary(folder, path, made)
         temporary = made[0]
         torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
         if sync:
@@ -66,11 +66,13 @@ def _mode(path: str) -> int:
         return 0o666 & ~umask
 
 
-def _temporary(folder: str, mode: int, made: list[str]) -> None:
-    """A new empty file in ``folder`` with ``mode``, its name appended to ``made`` with
-    Ctrl-C held: an interrupt comes once the caller can remove it, never before."""
+def _temporary(folder: str, path: str, made: list[str]) -> None:
+    """A new empty file in ``folder`` with the mode ``path`` would get, its name appended
+    to ``made`` with Ctrl-C held: an interrupt comes once the caller can remove it, never
+    before (nor between reading the umask and putting it back)."""
 
     def make() -> None:
+        mode = _mode(path)
         fd, name = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
         made.append(name)
         try:
