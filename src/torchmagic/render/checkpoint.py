@@ -63,6 +63,7 @@ def resumed(report: ResumeReport, width: int | None = None) -> Rendered:
             "weights, optimizer state, scheduler, GradScaler and RNG states loaded by name",
             style=theme.style("ok"),
         ),
+        *(Text(line, style=theme.style("warning")) for line in report.warnings),
     ]
     return Rendered(Group(*parts), width)
 

@@ -5,47 +5,86 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 
 import torch
 
 from .. import torch_files
 from ..errors import TorchMagicError
+from ..surgery.transaction import uninterrupted
 from .records import FORMAT, VERSION
 
 
 def write(payload: dict, path: str | os.PathLike, *, sync: bool = False) -> int:
     """``torch.save`` into a temporary file beside ``path``, then renamed over it: ``path``
     is the old file or the whole new one, never a part (Ctrl-C, a full disk, a killed
-    process). ``sync``: ``fsync`` the file and its folder first, so the new file also
-    survives a power loss (on a local disk that doubles the time of a large save).
-    Returns the size."""
-    path = os.path.expanduser(os.fspath(path))
-    folder = os.path.dirname(os.path.abspath(path))
+    process). A symlink is followed (its target is replaced, the link stays); the file's
+    mode is what ``torch.save`` would give it (the old file's, else the umask's), so a
+    cluster's group can read it. ``sync``: ``fsync`` the file and its folder first, so the
+    new file also survives a power loss (on a local disk that doubles the time of a large
+    save). Returns the size."""
+    shown = os.path.expanduser(os.fspath(path))
+    path = os.path.realpath(shown)  # a link's target, which the rename replaces
+    folder = os.path.dirname(path)
     if not os.path.isdir(folder):
-        raise TorchMagicError(f"cannot save to '{path}': no folder '{folder}'", param="path")
+        raise TorchMagicError(f"cannot save to '{shown}': no folder '{folder}'", param="path")
+    if os.path.isdir(path):
+        raise TorchMagicError(f"cannot save to '{shown}': it is a folder", param="path")
+    made: list[str] = []  # the temporary file, named as soon as it exists
     try:
-        fd, temporary = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise TorchMagicError(f"cannot save to '{path}': {exc.strerror}", param="path") from None
-    os.close(fd)
-    try:
+        _temporary(folder, path, made)
+        temporary = made[0]
         torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
         if sync:
             _fsync(temporary, os.O_RDONLY)
         os.replace(temporary, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        for name in made:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
         reason = _write_failure(exc, folder)
         if reason is None:
             raise
         kept = "the old file is kept" if os.path.exists(path) else "nothing was written"
-        raise TorchMagicError(f"cannot save to '{path}': {reason}; {kept}") from None
+        raise TorchMagicError(f"cannot save to '{shown}': {reason}; {kept}") from None
     if sync:
         with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
             _fsync(folder, os.O_RDONLY)
     return os.path.getsize(path)
+
+
+def _mode(path: str) -> int:
+    """The permissions ``open(path, "wb")`` leaves: an existing file keeps its own, a new
+    one gets 0o666 less the umask (which Python reads only by setting it and putting it
+    back)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _temporary(folder: str, path: str, made: list[str]) -> None:
+    """A new empty file in ``folder`` with the mode ``path`` would get, its name appended
+    to ``made`` with Ctrl-C held: an interrupt comes once the caller can remove it, never
+    before (nor between reading the umask and putting it back)."""
+
+    def make() -> None:
+        mode = _mode(path)
+        fd, name = tempfile.mkstemp(prefix=".tm-save-", suffix=".tmp", dir=folder)
+        made.append(name)
+        try:
+            os.fchmod(fd, mode)  # mkstemp's 0o600 would hide the file from the group
+        finally:
+            os.close(fd)
+
+    uninterrupted(make)
+
+
+# how torch's C++ zip writer (inline_container.cc) words a failed write or close
+_TORCH_WRITER_FAILED = ("file write failed", "PytorchStreamWriter", "inline_container")
 
 
 def _write_failure(exc: BaseException, folder: str) -> str | None:
@@ -54,7 +93,7 @@ def _write_failure(exc: BaseException, folder: str) -> str | None:
     RuntimeError without the OS's reason: the space left on that disk says it."""
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
-    if isinstance(exc, RuntimeError) and "file write failed" in str(exc):
+    if isinstance(exc, RuntimeError) and any(m in str(exc) for m in _TORCH_WRITER_FAILED):
         free = shutil.disk_usage(folder).free
         return f"the write failed with {free / (1 << 20):.1f} MiB free on that disk"
     return None

@@ -9,6 +9,10 @@ replays them through its own edits on a model built the original way, so flags, 
 home groups and every scheduler's per-group lists are the engine's own; then this module
 checks the result against the file and loads the states.
 
+It also records where it was written (:mod:`.provenance`): Python, torch, torchvision
+and the timm / transformers / peft versions the model's classes come from, and the zoo
+call that built the model, where ``load_model`` did.
+
 The file holds plain containers of tensors, numbers and strings, so
 ``torch.load(path, weights_only=True)`` reads it; it is written to a temporary file in the
 same folder and renamed, so an interrupted save never leaves a truncated file.
@@ -38,7 +42,7 @@ from ..surgery import batchnorm, scheduler_sync
 from ..surgery.edits import BoundModel
 from ..surgery.results import HistoryEntry, Replay
 from ..training.amp import AmpController
-from . import integrity
+from . import integrity, provenance
 
 FORMAT = "torchmagic.checkpoint"
 VERSION = 1
@@ -83,6 +87,7 @@ class ResumeReport:
     schedulers: tuple[str, ...]
     amp: str | None
     saved_with: str  # the torchmagic version that wrote the file
+    warnings: tuple[str, ...] = ()  # one line each: another torch minor version
 
 
 def class_name(obj: object) -> str:
@@ -198,8 +203,10 @@ def capture(
     amp: AmpController,
     spell: Callable[[Replay], str],
     version: str,
+    built_by: dict | None = None,
 ) -> dict:
-    """Everything a fresh process needs to continue: see the module docstring."""
+    """Everything a fresh process needs to continue: see the module docstring.
+    ``built_by``: the zoo call that built the model (:func:`provenance.zoo_call`)."""
     model, opt = target.model, target.optimizer
     names = parameter_names(model)
     heads: dict[str, dict] = {}
@@ -212,9 +219,11 @@ def capture(
         "version": VERSION,
         "torchmagic": version,
         "torch": str(torch.__version__),
+        "environment": provenance.environment(model),
         "model": {
             "name": target.model_name,
             "class": class_name(model),
+            "zoo": built_by,
             "state_dict": dict(model.state_dict()),
             "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
             "batchnorm": bn_policies(model),
@@ -307,4 +316,5 @@ def summarize_resume(payload: dict, path: str, target: BoundModel) -> ResumeRepo
         schedulers=saved.schedulers,
         amp=saved.amp,
         saved_with=str(payload.get("torchmagic", "?")),
+        warnings=tuple(w for w in (provenance.torch_mismatch(payload),) if w is not None),
     )

@@ -34,11 +34,17 @@ def _owned(value: Any) -> Any:
 
 
 def _placed(value: object, param: nn.Parameter, group: dict, key: str) -> object:
-    """A state value where the optimizer keeps it (with its parameter, except a host
-    ``step``), in memory of its own."""
+    """A state value where and as ``Optimizer.load_state_dict`` puts it, in memory of its
+    own: with its parameter (except a host ``step``) and, but for ``step``, in a floating
+    parameter's dtype (a float32 ``exp_avg`` into a float64 or bf16 model)."""
     if not isinstance(value, torch.Tensor):
         return value
-    moved = value if step_stays_on_host(group, key) else value.to(param.device)
+    if step_stays_on_host(group, key):
+        moved = value
+    elif key != "step" and param.is_floating_point():
+        moved = value.to(device=param.device, dtype=param.dtype)
+    else:
+        moved = value.to(param.device)
     return moved.clone() if moved is value else moved
 
 

@@ -17,6 +17,7 @@ from .. import checkpoint as checkpoint_file
 from .. import sharding
 from ..advice import spelled
 from ..checkpoint import ResumeReport, SaveReport
+from ..checkpoint.provenance import zoo_call
 from ..errors import TorchMagicError
 from ..export import ExportReport, python_call
 from ..export import script as write_script
@@ -36,7 +37,10 @@ def save(session: Session, path: str | os.PathLike, model: str | None, sync: boo
     target = session.bound(model)
     distributed.refuse_sharded_save(session, target, os.fspath(path))
     applied = session._history.applied(target.model)
-    payload = checkpoint_file.capture(target, applied, session.amp, python_call, __version__)
+    built_by = zoo_call(session.loaded.get(target.model_name), target.model)
+    payload = checkpoint_file.capture(
+        target, applied, session.amp, python_call, __version__, built_by
+    )
     nbytes = checkpoint_file.write(payload, path, sync=sync)
     return checkpoint_file.summarize_save(
         payload, os.fspath(path), nbytes, synced=sync, commands=[e.command for e in applied]

@@ -5,6 +5,7 @@ things lives there (see the package's docstring for which module holds what)."""
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Container, MutableMapping, Sequence
 
@@ -225,7 +226,9 @@ def resume(
     session = Session(model, optimizer, schedulers=schedulers)
     if shard is not None:
         distributed.check_shardable(session)  # before the load changes anything
-    session.load(path, scaler=scaler)
+    report = session.load(path, scaler=scaler)
+    for line in report.warnings:  # a batch job shows no report: Python's warnings do
+        warnings.warn(line, stacklevel=2)
     if shard is not None:
         session.shard(shard)
     return session
