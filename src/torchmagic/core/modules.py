@@ -77,6 +77,24 @@ def walk(model: nn.Module) -> Iterator[nn.Module]:
             stack.extend(reversed(module._modules.values()))
 
 
+def named_walk(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(model.named_modules())`` (each module once, by its first path, in pre-order)
+    from one stack, without its nested generators."""
+    seen: set[int] = set()
+    out: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module | None]] = [("", model)]
+    while stack:
+        path, module = stack.pop()
+        if module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append((path, module))
+        if module._modules:
+            prefix = f"{path}." if path else ""
+            stack.extend((prefix + k, m) for k, m in reversed(module._modules.items()))
+    return out
+
+
 def unique_parameters(modules: Iterable[nn.Module], recurse: bool = True) -> list[nn.Parameter]:
     """Parameters of several modules, each once (tied weights counted once), in the order
     of ``module.parameters()``, from one :func:`walk` each (without its nested generators)."""

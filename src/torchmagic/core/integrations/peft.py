@@ -299,9 +299,14 @@ def width(module: object, side: str) -> int | None:
     """A layer's input (``side="in"``) or output width: a Linear's features, a Conv's
     channels, a transformers ``Conv1D``'s ``nx``/``nf`` (GPT-2's projections, weight
     stored (in, out)); a LoRA layer has its base layer's; None for other layers."""
-    for attr in _WIDTH_ATTRIBUTES[side]:
-        value = _int_attribute(module, attr)
-        if value is not None:
+    if not isinstance(module, nn.Module):
+        return next(
+            (v for a in _WIDTH_ATTRIBUTES[side] if _is_int(v := getattr(module, a, None))), None
+        )
+    own = module.__dict__
+    for attr, on_class in _width_attributes(type(module), side):
+        value = getattr(module, attr, None) if on_class else own.get(attr)
+        if _is_int(value):
             return value
     return None
 
@@ -310,18 +315,24 @@ _WIDTH_ATTRIBUTES = {
     side: (f"{side}_features", f"{side}_channels", conv1d)
     for side, conv1d in (("in", "nx"), ("out", "nf"))
 }
+_BY_CLASS: dict[tuple[type, str], tuple[tuple[str, bool], ...]] = {}
 
 
-def _int_attribute(obj: object, attr: str) -> int | None:
-    """``getattr(obj, attr, None)`` if it is an int, without the AttributeError a module
-    raises for a missing name (most of the cost of reading every module of a model): what
-    neither its class nor its ``__dict__`` holds lives in its parameters, buffers or
-    children, never an int."""
-    if isinstance(obj, nn.Module) and not hasattr(type(obj), attr):
-        value = obj.__dict__.get(attr)
-    else:
-        value = getattr(obj, attr, None)
-    return value if isinstance(value, int) else None
+def _width_attributes(cls: type, side: str) -> tuple[tuple[str, bool], ...]:
+    """The width attributes to read on a module of ``cls``, each with whether its class
+    defines it (a property, read with getattr). Any other lives in the instance's
+    ``__dict__`` or, being a parameter, buffer or child, is no int: reading ``__dict__``
+    spares the AttributeError a module raises for a missing name, most of the cost of
+    reading every module of a model. Known once per class."""
+    key = (cls, side)
+    found = _BY_CLASS.get(key)
+    if found is None:
+        found = _BY_CLASS[key] = tuple((a, hasattr(cls, a)) for a in _WIDTH_ATTRIBUTES[side])
+    return found
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int)
 
 
 def broken_adapters(layer: Any) -> list[str]:

@@ -22,7 +22,7 @@ from ..advice import Advice, Command, as_advice
 from ..ema_owners import parameter_shapes
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import unique_parameters, unwrap
+from ..modules import named_walk, unique_parameters, unwrap
 from ..surgery.edits import BoundModel
 from ..surgery.scheduler_sync import mismatches
 
@@ -169,7 +169,7 @@ def _widths(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
     own: dict[str, int] = {}
     first: dict[str, int] = {}
     waiting: list[str] = []  # the ancestors of this module with no layer inside yet
-    for name, module in model.named_modules():
+    for name, module in named_walk(model):
         # in pre-order, a module left behind has no layer after this point
         while waiting and not _inside(name, waiting[-1]):
             waiting.pop()
