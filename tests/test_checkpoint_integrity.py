@@ -12,6 +12,7 @@ import torchmagic
 from snapshots import assert_same, snapshot
 from test_checkpoint import build_net, surgery
 from torchmagic import TorchMagicError
+from torchmagic.core.checkpoint import integrity
 
 
 @pytest.fixture
@@ -173,3 +174,23 @@ def test_an_interrupted_resume_leaves_the_state_before_and_a_retry_works(saved, 
     for (key, a), b in zip(trained.state_dict().items(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b), key
     assert len(tm.history()) == 3
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(1001),
+        torch.randn(7, 3, dtype=torch.float64),
+        torch.randn(33, dtype=torch.bfloat16),  # 66 bytes: summed as int32 words
+        torch.arange(5, dtype=torch.uint8),  # 5 bytes: summed as bytes
+        torch.randn(4, 6)[:, ::2],  # not contiguous
+    ],
+    ids=["float32", "float64", "bf16", "odd bytes", "strided"],
+)
+def test_the_digest_is_the_int32_word_sum_torch_gives(tensor):
+    """The CPU digest (summed by numpy) is the number torch's own sum gives, which files
+    written before carry and a digest on another device computes."""
+    flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+    if flat.numel() % 4 == 0:
+        flat = flat.view(torch.int32)
+    assert integrity.digest(tensor) == int(flat.sum(dtype=torch.int64))
