@@ -322,8 +322,11 @@ def test_a_random_session_of_75_commands(ip, tmp_path, monkeypatch, seed):
 
 
 @pytest.mark.slow
-def test_a_random_session_of_2000_commands(ip, tmp_path, monkeypatch):
-    long = run_session(ip, tmp_path, 27, 2000, monkeypatch)
+@pytest.mark.parametrize("seed", [27, 28, 29, 30])
+def test_2000_random_commands_in_four_sessions(ip, tmp_path, monkeypatch, seed):
+    """500 commands a session: each ``%tm load`` replays every command saved so far, so
+    one session of 2,000 spends most of its time in ever longer replays."""
+    long = run_session(ip, tmp_path, seed, 500, monkeypatch)
     assert not long.problems.all(), _report(long)
     assert set(long.successes) == set(KINDS), f"never succeeded: {set(KINDS) - set(long.successes)}"
-    assert long.loads > 10 and long.undos_checked > 100
+    assert long.loads > 3 and long.undos_checked > 25
