@@ -292,3 +292,14 @@ def test_the_python_api_takes_the_loss_object_itself():
     assert tm.fit(train, loss=nn.CrossEntropyLoss(), max_steps=1).steps == 1
     _unchanged(model, opt, lambda: tm.fit(train, loss=nn.CrossEntropyLoss), "a class", "loss")
     _unchanged(model, opt, lambda: tm.fit(train, loss=3), "name or a loss function", "loss")
+
+
+def test_a_loss_no_trainable_parameter_made_is_refused_before_any_step():
+    """Only an unused layer trains (as LoRA adapters switched off do): one line, not
+    torch's backward traceback, and the statistics the forward moved are put back."""
+    model = mlp()
+    model.requires_grad_(False)
+    model.norm.spare = nn.Parameter(torch.zeros(2))  # BatchNorm's forward never reads it
+    opt = torch.optim.SGD([model.norm.spare], lr=0.1)
+    train, _ = loaders()
+    _unchanged(model, opt, lambda: Session(model, opt).fit(train), "nothing in .* trains", None)

@@ -31,7 +31,8 @@ def _shape_of(value: Any) -> str:
 def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Tensor:
     """The loss of one batch. On the first step a loss that cannot take the model's
     outputs and the batch's targets is refused in one line (nothing has trained yet);
-    a loss that is not one number is refused at any step (backward needs a scalar)."""
+    a loss that is not one number is refused at any step (backward needs a scalar), and
+    a first loss that no trainable parameter made."""
     try:
         loss = plan.loss_fn(output, targets)
     except (TorchMagicError, torch.OutOfMemoryError):  # already one line; not the loss's
@@ -50,6 +51,12 @@ def _loss_of(plan: FitPlan, output: Any, targets: Any, first: bool) -> torch.Ten
         raise TorchMagicError(
             f"the loss must return one number (a tensor with one element), got {_shape_of(loss)}",
             param="loss",
+        )
+    if first and torch.is_grad_enabled() and not loss.requires_grad:
+        raise TorchMagicError(  # backward would fail with torch's own traceback
+            f"nothing in {plan.model_name} that trains makes the loss (every parameter the "
+            "forward uses is frozen, or the trainable ones are LoRA adapters switched off): "
+            "unfreeze a block or switch the adapters on"
         )
     return loss
 
