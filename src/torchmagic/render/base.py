@@ -229,7 +229,7 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     if not isinstance(part, Table) or not part.columns or _sized(part):
         return [(part, width)]
     lows, highs = _column_sizes(console, part)
-    gone = {column for below, column in hide_widths(console, part) if width < below}
+    gone = {c for below, c in hide_widths(console, part, (lows, highs)) if width < below}
     shown = [i for i in range(len(part.columns)) if i not in gone]
     edges = _edges(console, part, shown)
     hidden = [i for i in range(len(part.columns)) if i not in shown]
@@ -254,14 +254,17 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     return [(fitted, drawn_at), (note, width)]
 
 
-def hide_widths(console: Console, table: Table) -> list[tuple[int, int]]:
+def hide_widths(
+    console: Console, table: Table, sizes: tuple[list[int], list[int]] | None = None
+) -> list[tuple[int, int]]:
     """(width, column) for each column ``table`` hides (``HouseTable.hide``, in order):
     drawn narrower than ``width``, the table hides it, as every column before it, so
-    that each row fits on one line (prose wrapped down to ``_PROSE`` columns)."""
+    that each row fits on one line (prose wrapped down to ``_PROSE`` columns).
+    ``sizes``: ``_column_sizes`` of the table, when the caller has them."""
     order = list(table.hide) if isinstance(table, HouseTable) else []
     if not order:
         return []
-    lows, highs = _column_sizes(console, table)
+    lows, highs = sizes or _column_sizes(console, table)
     # a row wraps where a column is narrower than its widest cell; prose (``_prose``)
     # may wrap down to _PROSE before a column is hidden for it
     needs = [min(high, max(low, _PROSE)) for low, high in zip(lows, highs, strict=True)]
@@ -400,7 +403,8 @@ def _html_table(console: Console, table: Table) -> str:
     columns = table.columns
     last = len(columns) - 1
     hidden = set(table.hide) if isinstance(table, HouseTable) else set()
-    _, highs = _column_sizes(console, table)
+    sizes = _column_sizes(console, table)
+    highs = sizes[1]
     prose = [_prose(column, high) for column, high in zip(columns, highs, strict=True)]
     heads = [_html_cell(console, c.header, whole=True) for c in columns]
     cells = [
@@ -440,7 +444,7 @@ def _html_table(console: Console, table: Table) -> str:
         rows.append(f"<tr>{row}</tr>")
     body = title + _TABLE.format(head=head, rows="".join(rows))
     names = [_header(c.header) or f"column {i + 1}" for i, c in enumerate(columns)]
-    return html_narrow.block(scope, body, hide_widths(console, table), names, _FONT)
+    return html_narrow.block(scope, body, hide_widths(console, table, sizes), names, _FONT)
 
 
 def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
