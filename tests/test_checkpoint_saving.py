@@ -35,6 +35,18 @@ def _mode(path) -> int:
 
 
 @pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test: a process started in the background by a
+    non-interactive shell (nohup, ``&``, some CI runners) inherits SIGINT ignored, and a
+    real SIGINT would then never reach the code under test."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def umask():
     """Set the process's umask for one test, and put it back."""
     kept = os.umask(0o022)
@@ -92,7 +104,9 @@ def test_ctrl_c_right_after_the_temporary_file_is_made_leaves_none(tmp_path, mon
     assert os.listdir(tmp_path) == []
 
 
-def test_a_sigint_while_the_temporary_file_is_made_comes_after_it_is_named(tmp_path, monkeypatch):
+def test_a_sigint_while_the_temporary_file_is_made_comes_after_it_is_named(
+    tmp_path, monkeypatch, python_sigint
+):
     """A real SIGINT sent inside ``mkstemp``, after the file exists: held until the name is
     known, then delivered, and the file removed."""
     import signal
@@ -188,7 +202,9 @@ def test_a_read_only_folder_is_refused_in_one_line(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_sigint_while_the_umask_is_read_leaves_the_umask(tmp_path, monkeypatch, umask):
+def test_a_sigint_while_the_umask_is_read_leaves_the_umask(
+    tmp_path, monkeypatch, umask, python_sigint
+):
     """Python reads the umask only by setting one and putting the old back: a real SIGINT
     between the two is held, so the process keeps its own umask and no file is left."""
     import signal
