@@ -14,9 +14,10 @@ and optimizer state bit for bit, and the edit is then run again to keep the sess
 from __future__ import annotations
 
 import copy
+import importlib.util
 import random
+import sys
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,6 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from torchvision.models.resnet import BasicBlock
 
 from checkpoint_helpers import assert_same as assert_same_by_name
 from checkpoint_helpers import state, structure
@@ -37,43 +37,28 @@ from torchmagic.magics import loaded
 pytest.importorskip("peft")
 
 
-class TinyResNet(nn.Module):
-    """torchvision's BasicBlock in ResNet-18's layout (conv1, bn1, layer1-4 of two blocks,
-    fc) at a few channels, for 1 x 8 x 8 images: every command is cheap."""
+def _small_resnet_class() -> type[nn.Module]:
+    """The quickstart's ResNet-18 layout (examples/digits.py), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(
+        "digits_example", Path(__file__).resolve().parent.parent / "examples/digits.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.SmallResNet
 
-    def __init__(self, widths: tuple[int, ...] = (4, 8, 8, 8), num_classes: int = 3) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, widths[0], 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(widths[0])
-        self.relu = nn.ReLU(inplace=True)
-        channels = widths[0]
-        for stage, width in enumerate(widths, start=1):
-            stride = 1 if stage == 1 else 2
-            shortcut = None
-            if stride != 1 or channels != width:
-                shortcut = nn.Sequential(
-                    OrderedDict(
-                        conv=nn.Conv2d(channels, width, 1, stride=stride, bias=False),
-                        bn=nn.BatchNorm2d(width),
-                    )
-                )
-            blocks = [BasicBlock(channels, width, stride, shortcut), BasicBlock(width, width)]
-            setattr(self, f"layer{stage}", nn.Sequential(*blocks))
-            channels = width
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(channels, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+# torchvision's BasicBlock in ResNet-18's layout at a few channels, for 1 x 8 x 8 images:
+# every command is cheap
+SmallResNet = _small_resnet_class()
 
 
 def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, object]:
     """The notebook's first cell, as ``%tm load`` needs it rebuilt: model, AdamW with
     decay / no-decay groups, a per-epoch StepLR."""
     torch.manual_seed(seed)
-    model = TinyResNet()
+    model = SmallResNet(3, (4, 8, 8, 8))
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     opt = torch.optim.AdamW(
