@@ -299,14 +299,14 @@ def width(module: object, side: str) -> int | None:
     """A layer's input (``side="in"``) or output width: a Linear's features, a Conv's
     channels, a transformers ``Conv1D``'s ``nx``/``nf`` (GPT-2's projections, weight
     stored (in, out)); a LoRA layer has its base layer's; None for other layers."""
-    if not isinstance(module, nn.Module):
-        return next(
-            (v for a in _WIDTH_ATTRIBUTES[side] if _is_int(v := getattr(module, a, None))), None
-        )
-    own = module.__dict__
-    for attr, on_class in _width_attributes(type(module), side):
+    if isinstance(module, nn.Module):
+        own = module.__dict__
+        read = _width_attributes(type(module), side)
+    else:
+        own, read = {}, tuple((attr, True) for attr in _WIDTH_ATTRIBUTES[side])
+    for attr, on_class in read:
         value = getattr(module, attr, None) if on_class else own.get(attr)
-        if _is_int(value):
+        if isinstance(value, int):
             return value
     return None
 
@@ -329,10 +329,6 @@ def _width_attributes(cls: type, side: str) -> tuple[tuple[str, bool], ...]:
     if found is None:
         found = _BY_CLASS[key] = tuple((a, hasattr(cls, a)) for a in _WIDTH_ATTRIBUTES[side])
     return found
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int)
 
 
 def broken_adapters(layer: Any) -> list[str]:
