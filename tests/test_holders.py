@@ -99,8 +99,12 @@ def _batches() -> list[torch.Tensor]:
     return [torch.randn(4, 6) for _ in range(4)]
 
 
-@pytest.mark.parametrize("bound", [False, True], ids=["attached", "bound"])
-def test_ignite_param_scheduler_refuses_a_new_group_by_name(bound):
+@pytest.mark.parametrize(
+    ("bound", "every"),
+    [(False, None), (True, None), (False, 2)],
+    ids=["attached", "bound", "filtered"],
+)
+def test_ignite_param_scheduler_refuses_a_new_group_by_name(bound, every):
     param_scheduler = pytest.importorskip("ignite.handlers.param_scheduler")
     from ignite.engine import Events
 
@@ -108,7 +112,8 @@ def test_ignite_param_scheduler_refuses_a_new_group_by_name(bound):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     trainer = _engine(model, opt)
     handler = param_scheduler.CosineAnnealingScheduler(opt, "lr", 0.1, 0.001, cycle_size=4)
-    trainer.add_event_handler(Events.ITERATION_STARTED, handler)
+    event = Events.ITERATION_STARTED if every is None else Events.ITERATION_STARTED(every=every)
+    trainer.add_event_handler(event, handler)  # with a filter, ignite keeps a wrapper
     ns = {"model": model, "optimizer": opt, "trainer": trainer}
     if bound:
         ns["handler"] = handler
@@ -120,6 +125,7 @@ def test_ignite_param_scheduler_refuses_a_new_group_by_name(bound):
         tm.unfreeze("layer2", lr=1e-3)
     text = str(refused.value)
     path = "handler" if bound else "trainer._event_handlers[Events.ITERATION_STARTED][0][0]"
+    path += ".__wrapped__" if every else ""
     assert "\n" not in text and f"`{path}` (ignite CosineAnnealingScheduler)" in text
     assert "param_group_index" in text
     assert _same(before, _snapshot(model, opt))  # nothing changed

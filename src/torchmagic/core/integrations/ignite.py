@@ -1,7 +1,9 @@
 """pytorch-ignite: handlers live in an ``Engine``'s event lists, where no attribute walk
-sees them. ``LRScheduler`` wraps a torch scheduler (kept in step through it); any other
-``ParamScheduler`` sets a hyper-parameter of its optimizer's groups at each event, every
-group alike unless ``param_group_index`` names one, so a new group's lr is overwritten."""
+sees them (a handler attached with an event filter, ``Events.ITERATION_STARTED(every=2)``,
+is kept as ignite's wrapper function, its ``__wrapped__`` the handler). ``LRScheduler``
+wraps a torch scheduler (kept in step through it); any other ``ParamScheduler`` sets a
+hyper-parameter of its optimizer's groups at each event, every group alike unless
+``param_group_index`` names one, so a new group's lr is overwritten."""
 
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ def members(obj: object) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for event, handlers in dict(getattr(obj, "_event_handlers", None) or {}).items():
         label = f"Events.{getattr(event, 'name', event)}"
-        out += [(f"._event_handlers[{label}][{i}][0]", h[0]) for i, h in enumerate(handlers)]
+        for i, entry in enumerate(handlers):
+            path, handler = f"._event_handlers[{label}][{i}][0]", entry[0]
+            if hasattr(handler, "__wrapped__"):  # attached with an event filter
+                path, handler = f"{path}.__wrapped__", handler.__wrapped__
+            out.append((path, handler))
     return out
 
 
