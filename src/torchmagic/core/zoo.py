@@ -428,7 +428,7 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
 
 
 def _hf(name: str, spec: str | None) -> LoadedModel:
-    hub: dict[str, bool] = {}  # local_files_only when the hub does not answer
+    local = False  # local_files_only, when the hub does not answer
     if (not _no_weights(spec) or "/" in name) and not os.path.isdir(name):
         offline = _hub_offline()  # before importing transformers: offline answers at once
         if offline is not None:
@@ -439,7 +439,7 @@ def _hf(name: str, spec: str | None) -> LoadedModel:
                     offline,
                     "the Hugging Face cache (offline, only a model type such as hf:vit builds)",
                 )
-            hub = {"local_files_only": True}
+            local = True
     from transformers import (
         AutoConfig,
         AutoImageProcessor,
@@ -448,10 +448,10 @@ def _hf(name: str, spec: str | None) -> LoadedModel:
 
     try:
         if not _no_weights(spec):
-            model = AutoModelForImageClassification.from_pretrained(name, **hub)
-            processor = AutoImageProcessor.from_pretrained(name, **hub)
+            model = AutoModelForImageClassification.from_pretrained(name, local_files_only=local)
+            processor = AutoImageProcessor.from_pretrained(name, local_files_only=local)
         elif "/" in name:
-            config = AutoConfig.from_pretrained(name, **hub)
+            config = AutoConfig.from_pretrained(name, local_files_only=local)
             model, processor = AutoModelForImageClassification.from_config(config), None
         else:  # a model type: a default config, built offline
             config = AutoConfig.for_model(name)
