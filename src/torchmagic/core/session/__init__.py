@@ -22,6 +22,8 @@ the module of its domain, where what decides things lives:
 - ``surgery.py``: the mutating commands, each run atomically (transaction, history
   record as the commit point, Ctrl-C safe) with the call that replays it.
 - ``history.py``: undo, the refusals that keep it consistent, releasing stale records.
+- ``shared.py``: one model, one history (sessions on one model share it) and its lock, so
+  that two threads' commands never interleave.
 - ``training.py``: the fit plan, progressive-unfreezing hooks, lr_find's apply,
   fine_tune's phases, the hand-written loop's step.
 - ``devices.py``: the device a command means, moves, memory, timings and estimates.

@@ -19,6 +19,7 @@ from ..devices.pinbench import PinReport
 from ..diagnostics.compiled import CompileWatch
 from ..diagnostics.doctor import DoctorReport
 from ..export import ExportReport
+from ..modules import unwrap
 from ..sharding import ShardReport
 from ..surgery import edits
 from ..surgery.history import ByteCap, Cleared, History
@@ -27,7 +28,7 @@ from ..training.amp import Accumulation, AmpController
 from ..training.fit_events import FitHistory
 from ..workspace import Workspace
 from ..zoo import LoadedModel
-from . import checkpoint, diagnostics, distributed, history, models, names
+from . import checkpoint, diagnostics, distributed, history, models, names, shared
 from .config import SessionConfig
 from .facade_devices import DeviceFacade
 from .facade_surgery import SurgeryFacade
@@ -58,7 +59,8 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
             names.namespace_of(model, optimizer, schedulers, namespace), hidden
         )
         self.config = config or SessionConfig()
-        self._history = History()  # every command, for undo, checkpoints and export
+        # every command, for undo, checkpoints and export; one per model (``shared``)
+        self._history = History(shared.owner())
         self.device: torch.device | None = None  # set_device(); None: where the model is
         self.amp = AmpController()
         self.fits: list[FitHistory] = []
@@ -74,6 +76,8 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         # each fit, fine_tune and AMP switch as a call, for export: (model, None for the
         # AMP policy of every model; newest command before, after it; the call)
         self._fit_calls: list[tuple[weakref.ReferenceType[nn.Module] | None, int, int, Replay]] = []
+        if model is not None:  # a script's Session on a model the notebook edits: one history
+            shared.join(self, unwrap(model), "model")
 
     # -- resolving -------------------------------------------------------------------
 
@@ -81,8 +85,12 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         self, model: str | None = None, optimizer: str | None = None, *, reading: bool = False
     ) -> edits.BoundModel:
         """The named (or current) model with the optimizer and schedulers bound to it;
-        ``reading``: for a command that only shows, so a stale optimizer counts as none."""
-        return names.bound(self.workspace, model, optimizer, reading)
+        ``reading``: for a command that only shows, so a stale optimizer counts as none;
+        otherwise the session takes the model's history (see ``shared``)."""
+        target = names.bound(self.workspace, model, optimizer, reading)
+        if not reading:
+            shared.join(self, target.model, target.model_name)
+        return target
 
     # -- history ---------------------------------------------------------------------
 
@@ -106,6 +114,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         self.prune_history()
         return self._history.nbytes(device_type)
 
+    @shared.serialised()
     def clear_history(self) -> Cleared:
         """Forget every command: nothing can be undone afterwards, and what the undo
         logs kept alive (optimizer state set aside, replaced layers) is released."""
@@ -115,6 +124,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         """The commands :meth:`undo` reverted, oldest first."""
         return tuple(self._history.undone)
 
+    @shared.serialised()
     def undo(self) -> Change:
         """Revert the newest command still applying to a bound model; atomic like the
         commands (under Ctrl-C too): reverted and out of the history, or neither."""
@@ -122,6 +132,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
 
     # -- models and diagnostics --------------------------------------------------------
 
+    @shared.serialised()
     def load_model(
         self,
         name: str,
@@ -167,6 +178,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         also on the disk before returning (survives a power loss, not only Ctrl-C)."""
         return checkpoint.save(self, path, model, sync)
 
+    @shared.serialised()
     def load(
         self,
         path: str | os.PathLike,
@@ -183,6 +195,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         refused before anything changes. ``scaler``: your own GradScaler to load into."""
         return checkpoint.load(self, path, model, optimizer, scaler)
 
+    @shared.serialised()
     def shard(
         self,
         apply: Callable[[nn.Module], object],

@@ -20,7 +20,7 @@ from ..devices.pinbench import PinReport
 from ..devices.placement import CheckReport
 from ..surgery.results import Replay
 from ..training.amp import AmpStatus, cell_autocast
-from . import devices, training
+from . import devices, shared, training
 from .part import SessionPart
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class DeviceFacade(SessionPart):
         else (no model yet) that of the best device available."""
         return devices.device_type(self._session, model)
 
+    @shared.serialised()
     def move(self, model: str | None = None) -> MoveReport:
         """Move the (current) model with its optimizer state and the GradScaler to the
         session's device (chosen automatically when none is set), keeping every
@@ -153,6 +154,7 @@ class DeviceFacade(SessionPart):
             return self._session.amp.autocast()
         return cell_autocast(self._session.amp, mode, self._session.device_type())
 
+    @shared.serialised()
     def step(
         self,
         loss: torch.Tensor,

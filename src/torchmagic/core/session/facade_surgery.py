@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..advice import Command
 from ..surgery.grammar import LrSpec
 from ..surgery.results import Change, SummaryReport
-from . import surgery
+from . import shared, surgery
 from .part import SessionPart
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ class SurgeryFacade(SessionPart):
 
     # -- surgery ---------------------------------------------------------------------
 
+    @shared.serialised()
     def freeze(
         self,
         *targets: str,
@@ -34,6 +35,7 @@ class SurgeryFacade(SessionPart):
         aside for undo), BatchNorm per policy. No targets means the whole model."""
         return surgery.freeze(self._session, targets, exclude, bn, optimizer, dry_run, command)
 
+    @shared.serialised()
     def unfreeze(
         self,
         *targets: str,
@@ -54,6 +56,7 @@ class SurgeryFacade(SessionPart):
             self._session, targets, lr, wd, exclude, optimizer, dry_run, command
         )
 
+    @shared.serialised()
     def replace_head(
         self,
         where: str | None,
@@ -76,6 +79,7 @@ class SurgeryFacade(SessionPart):
             self._session, where, num_classes, dropout, labels, optimizer, dry_run, command
         )
 
+    @shared.serialised()
     def lora(
         self,
         *targets: str | Sequence[str],
@@ -107,6 +111,7 @@ class SurgeryFacade(SessionPart):
             command,
         )
 
+    @shared.serialised()
     def merge_lora(
         self,
         model: str | None = None,
@@ -120,10 +125,12 @@ class SurgeryFacade(SessionPart):
         optimizer (their group stays, emptied)."""
         return surgery.merge_lora(self._session, model, optimizer, dry_run, command)
 
+    @shared.serialised()
     def lora_off(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The (current) model without its LoRA adapters' contribution (kept, not merged)."""
         return surgery.switch_lora(self._session, model, False, command)
 
+    @shared.serialised()
     def lora_on(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The LoRA adapters switched off by :meth:`lora_off` contribute again."""
         return surgery.switch_lora(self._session, model, True, command)

@@ -13,7 +13,7 @@ from ..training.lr_find import LrFindResult
 from ..training.progressive import Monitor
 from ..training.recipe import FineTuneResult
 from ..training.schedule_steps import SchedStep
-from . import surgery, training
+from . import shared, surgery, training
 from .part import SessionPart
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ class TrainingFacade(SessionPart):
 
     # -- training --------------------------------------------------------------------
 
+    @shared.serialised("a fit")
     def fit(
         self,
         train: object,
@@ -92,6 +93,7 @@ class TrainingFacade(SessionPart):
             clip,
         )
 
+    @shared.serialised("an lr range test")
     def lr_find(
         self,
         train: object,
@@ -116,6 +118,7 @@ class TrainingFacade(SessionPart):
             self._session, train, model, start, end, steps, apply, optimizer, observer, loss
         )
 
+    @shared.serialised()
     def set_base_lrs(
         self,
         lrs: Mapping[int, float],
@@ -129,6 +132,7 @@ class TrainingFacade(SessionPart):
         does with its suggestion)."""
         return surgery.set_base_lrs(self._session, lrs, model, optimizer, command)
 
+    @shared.serialised("a fine_tune run")
     def fine_tune(
         self,
         train: object,

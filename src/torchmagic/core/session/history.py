@@ -4,6 +4,7 @@ and its live optimizer inconsistent. The records are kept by ``core.surgery.hist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from ..surgery.edits import BoundModel
 from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
-from . import invariants
+from . import invariants, shared
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -44,8 +45,14 @@ def prune(session: Session) -> None:
 
 def _stale(session: Session, record: Record) -> str:
     """Why ``record`` can no longer be undone ("" while it can): its model is not bound
-    to its variable any more, or the optimizer it edited was re-created."""
-    workspace = session.workspace
+    to its variable any more, or the optimizer it edited was re-created; judged in the
+    namespace that named them (a shared history's other session's, while it lives)."""
+    workspace = record.recorder() if record.recorder is not None else session.workspace
+    if workspace is None:  # its session is gone, and its names with it: the objects tell
+        if record.model() is None:
+            return REBOUND
+        dead = record.optimizer is not None and record.optimizer() is None
+        return "optimizer re-created" if dead else ""
     bound = workspace.module(record.change.model_name)
     model = record.model()
     if model is None or bound is None or unwrap(bound) is not model:
@@ -59,8 +66,9 @@ def _stale(session: Session, record: Record) -> str:
 
 def undo(session: Session) -> Change:
     """Revert the newest command still applying to a bound model, atomically."""
+    shared.join_models(session)
     session.prune_history()
-    record = session._history.newest()
+    record = session._history.newest(_seen_by(session))
     _refuse_undo(session, record)
     tx = record.tx
     assert tx is not None  # checked by _refuse_undo
@@ -99,6 +107,16 @@ def undo(session: Session) -> Change:
         before=before,
         after=count(model),
         groups=describe_groups(opt, groups_before, target.schedulers, target.names),
+    )
+
+
+def _seen_by(session: Session) -> Callable[[Record], bool]:
+    """Whether a record is the session's to undo: recorded by it, or on one of its
+    models (a shared history also holds another session's other models)."""
+    workspace = session.workspace
+    models = {id(unwrap(m)) for m in workspace.models().values()}
+    return lambda record: (
+        record.recorder is None or record.recorder() is workspace or id(record.model()) in models
     )
 
 

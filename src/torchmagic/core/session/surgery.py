@@ -29,7 +29,7 @@ from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
 from ..workspace import Workspace
-from . import history, invariants, names
+from . import history, invariants, names, shared
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -47,6 +47,7 @@ def run(
     """Run ``step`` as one atomic command: applied and in the history, or not at all
     (also under Ctrl-C, which waits until the end). ``replay``: the call that makes
     it again on a freshly built model (what a checkpoint keeps)."""
+    shared.join(session, target.model, target.model_name)  # one model, one history
     session.prune_history()
     notes = distributed.check_surgery(action, target.model, session.workspace.items())
     found = session.workspace.found()
@@ -119,6 +120,7 @@ def _atomically(
             session.history_cap().nbytes,
             replay,
             before,
+            session.workspace,
         )
         _settle(session, target, tx)
         return change, dropped

@@ -36,7 +36,7 @@ from ..training.recipe import (
     one_cycle_phase,
 )
 from ..training.schedule_steps import SchedStep
-from . import names
+from . import names, shared
 from .surgery import call, checked_bn, options
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ def fit_plan(
     _check_model_word(workspace, model, takes_val=label != "lr_find")
     name, module = workspace.resolve_model(model)
     target = names.bind(workspace, name, module, optimizer, False)
+    shared.join(session, target.model, name)  # the fit holds the lock of the model's history
     if target.optimizer is None:
         stale = workspace.stale_optimizers()
         left_over = (

@@ -13,10 +13,15 @@ and a fixed figure is either most of a small machine or a single command of a la
 
 Apart from the undo log, the history keeps every command that still applies (all but
 those undone), however old: a checkpoint replays them on a freshly built model.
+
+One model has one history: :func:`history_of` finds the history that recorded commands on
+a model, so that a second session on it shares that one (``core.session.shared``), and
+each history has the lock that keeps two threads' commands on its models from interleaving.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +81,8 @@ class Record:
     stale: str = ""  # why it was released
     replay: Replay | None = None  # the call that makes the command again
     observed: object = None  # the invariants' problems before it: its undo may put them back
+    # what named the model (the recording session's workspace): judges "rebound" and the like
+    recorder: weakref.ReferenceType | None = None
 
 
 class Cleared(NamedTuple):
@@ -85,12 +92,37 @@ class Cleared(NamedTuple):
     nbytes: int
 
 
+# each model's history: the one that recorded a command on it. Both sides weakly: a
+# history's undo logs may hold its model, and the sessions using it decide how long it lives
+_HISTORIES: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[History]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def history_of(model: nn.Module) -> History | None:
+    """The history holding a command on ``model`` (none recorded, or all undone: None)."""
+    ref = _HISTORIES.get(model)
+    history = None if ref is None else ref()
+    return history if history is not None and history.touches(model) else None
+
+
 class History:
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "a Session") -> None:
         self._records: list[Record] = []
         self._next = 1
         self.undone: list[Command] = []  # commands reverted by undo, oldest first
         self._applied: list[Record] = []  # every command not undone, past limits and clear
+        self.owner = owner  # who made it, as a refusal names it ("the notebook's magics")
+        self.lock = threading.RLock()  # held by every command, undo and fit on its models
+        self.busy = ""  # what holds the lock for long ("%fit of 'model'"): others refuse
+
+    def touches(self, model: nn.Module) -> bool:
+        """Whether a command on ``model`` is in this history (listed or still applied)."""
+        return any(r.model() is model for r in (*self._records, *self._applied))
+
+    def blank(self) -> bool:
+        """Nothing was ever recorded here (a new session's history, free to be replaced)."""
+        return self._next == 1
 
     def push(
         self,
@@ -102,12 +134,14 @@ class History:
         max_bytes: int,
         replay: Replay | None = None,
         observed: object = None,
+        recorder: object = None,
     ) -> int:
         """Record a committed command; undoing it (reverting ``tx``) also removes the
         record. Appending is the commit point: a record in the history is a command
         applied. ``observed``: what the invariants found before it, kept for its undo.
         Returns how many of the oldest records were dropped to keep within
-        ``max_entries`` and ``max_bytes``."""
+        ``max_entries`` and ``max_bytes``. ``recorder``: the workspace that named the
+        model (its staleness is judged there, whichever session prunes)."""
         tx.nbytes()  # measured (and kept) before the commit point: a failure here is a rollback
         record = Record(
             self._next,
@@ -117,11 +151,13 @@ class History:
             tx,
             replay=replay,
             observed=observed,
+            recorder=None if recorder is None else weakref.ref(recorder),
         )
         tx.add(lambda: self._discard(record))
         self._next += 1
         self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
+        _HISTORIES[model] = weakref.ref(self)
         drop = self._overflow(max_entries, max_bytes)
         dropped = self._records[:drop]
         del self._records[:drop]
@@ -170,14 +206,16 @@ class History:
         for record in self._records[len(self._records) - count :] if count else ():
             record.tx, record.stale = None, REPLAYED
 
-    def newest(self) -> Record:
+    def newest(self, sees: Callable[[Record], bool] = lambda record: True) -> Record:
         """The newest record whose model is still bound (it may be stale for another
-        reason: the caller refuses then). Records of rebound models are skipped."""
-        for record in reversed(self._records):
+        reason: the caller refuses then). Records of rebound models are skipped, and so
+        are those ``sees`` leaves out (a shared history's records of other models)."""
+        seen = [r for r in self._records if sees(r)]
+        for record in reversed(seen):
             if record.stale != REBOUND:
                 return record
-        if self._records:  # the model cell re-run: say why the commands above do not count
-            last = self._records[-1].change
+        if seen:  # the model cell re-run: say why the commands above do not count
+            last = seen[-1].change
             raise TorchMagicError(
                 f"nothing to undo: {spelled(last.command)} changed the model '{last.model_name}' "
                 "named before it was re-bound (its cell re-run), not the one it names now"

@@ -1,0 +1,119 @@
+"""One model, one history. A Session takes the history that already holds commands on
+its model (the notebook's magics and a Python ``Session`` on one model undo in one order,
+never each other's commands behind their backs), and every command, undo and fit holds
+that history's lock, so two threads' commands on one model never interleave: a command
+waits for another command to end, and is refused in one line while a fit runs.
+
+A session whose own history already holds commands cannot take another's: it is refused
+by the other session's name (who created it), as two histories of one model would be."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from torch import nn
+
+from ..errors import TorchMagicError
+from ..modules import unwrap
+from ..surgery.history import History, history_of
+from ..surgery.transaction import uninterrupted
+
+if TYPE_CHECKING:
+    from .facade import Session
+
+F = TypeVar("F", bound=Callable)
+
+PACKAGE = str(Path(__file__).resolve().parents[2])  # torchmagic/
+MAGICS = str(Path(PACKAGE) / "magics")
+WAIT_S = 0.05  # how often a waiting command looks whether a fit took the lock meanwhile
+
+
+def owner(depth: int = 2) -> str:
+    """Who is creating a Session, as a refusal names it: the notebook's magics, or the
+    file and line of the ``Session(...)`` call."""
+    frame = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE):
+        if frame.f_code.co_filename.startswith(MAGICS):
+            return "the notebook's magics (%load_ext torchmagic)"
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "a Session"
+    return f"the Session created at {frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def join(session: Session, model: nn.Module, name: str) -> None:
+    """Make ``session`` use the history that holds commands on ``model`` (unwrapped):
+    taken when its own is blank, refused by the other's name when its own has commands."""
+    theirs = history_of(model)
+    mine = session._history
+    if theirs is None or theirs is mine:
+        return
+    if not mine.blank():
+        raise TorchMagicError(
+            f"'{name}' has its undo history in another torchmagic session, "
+            f"{theirs.owner}: one model has one history; run this from that session, or "
+            "give this one a model of its own"
+        )
+    session._history = theirs
+
+
+def join_models(session: Session) -> None:
+    """:func:`join` for every model the session's namespace binds (before an undo, which
+    names no model)."""
+    for name, model in session.workspace.models().items():
+        join(session, unwrap(model), name)
+
+
+@contextmanager
+def exclusive(session: Session, busy: str = "") -> Iterator[None]:
+    """Hold the session's history for a command (re-entrant: a fit's own unfreezing
+    runs inside it); ``busy``: what runs, for as long as a fit, so that other threads'
+    commands are refused instead of waiting for it. A blank session first takes the
+    history of its models, so that its first command already holds the right lock."""
+    if session._history.blank():
+        join_models(session)
+    history = session._history
+    _acquire(history)
+    marked = bool(busy) and not history.busy
+    if marked:
+        history.busy = busy
+    try:
+        yield
+    finally:
+        uninterrupted(lambda: _release(history, marked))
+
+
+def _acquire(history: History) -> None:
+    """The history's lock: at once when free or already this thread's; else wait while
+    a command holds it, refuse while a fit does."""
+    while not history.lock.acquire(timeout=WAIT_S):
+        if history.busy:
+            raise TorchMagicError(
+                f"{history.busy} is running on this model in another thread; run this "
+                "when it has ended (commands never interleave with a fit)"
+            )
+
+
+def _release(history: History, marked: bool) -> None:
+    if marked:
+        history.busy = ""
+    history.lock.release()
+
+
+def serialised(busy: str = "") -> Callable[[F], F]:
+    """A Session method run under :func:`exclusive` (``busy``: it trains, e.g. "a fit")."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def held(self, *args, **kwargs):
+            with exclusive(self, busy):
+                return method(self, *args, **kwargs)
+
+        return held  # type: ignore[return-value]
+
+    return wrap
