@@ -10,6 +10,7 @@ import io
 import re
 import shutil
 import sys
+import weakref
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -103,13 +104,16 @@ class Rendered:
         self.renderable = renderable
         self.width = width or default_width()
 
-    def lines(self) -> list[list[Segment]]:
+    def lines(
+        self, console: Console | None = None, parts: list[RenderableType] | None = None
+    ) -> list[list[Segment]]:
         """The renderable drawn at ``width``, as lines of styled segments, trailing blanks
-        dropped: the one drawing both MIME types come from."""
-        console = self.console()
+        dropped: the one drawing both MIME types come from. ``console`` and ``parts``:
+        those of the bundle being drawn, so that text and HTML measure each table once."""
+        console = console or self.console()
         lines = [
             _rstrip(Segment.simplify(line))
-            for part, width in self.drawn(console)
+            for part, width in self.drawn(console, parts)
             for line in console.render_lines(part, console.options.update_width(width), pad=False)
         ]
         while lines and not lines[-1]:
@@ -132,13 +136,15 @@ class Rendered:
             emoji=False,
         )
 
-    def drawn(self, console: Console) -> list[tuple[RenderableType, int]]:
+    def drawn(
+        self, console: Console, parts: list[RenderableType] | None = None
+    ) -> list[tuple[RenderableType, int]]:
         """What ``lines`` draws, in order: each part of the renderable (a nested Group
         flattened) with the width it is drawn at; a table as laid out by ``_fitted``
         (with the line naming the columns it hid, if any)."""
         return [
             drawn
-            for part in _parts(self.renderable)
+            for part in (parts if parts is not None else _parts(self.renderable))
             for drawn in _fitted(console, part, self.width)
         ]
 
@@ -149,19 +155,22 @@ class Rendered:
         if not types:
             return {}
         bundle = {}
+        console, parts = self.console(), list(_parts(self.renderable))  # one of each for both
         if "text/plain" in types:
-            bundle["text/plain"] = _text(self.lines())
+            bundle["text/plain"] = _text(self.lines(console, parts))
         if "text/html" in types:
-            bundle["text/html"] = self.html()
+            bundle["text/html"] = self.html(console, parts)
         return bundle
 
-    def html(self) -> str:
+    def html(
+        self, console: Console | None = None, parts: list[RenderableType] | None = None
+    ) -> str:
         """The ``text/html`` drawing: tables as <table> with every column, the other
         parts as the lines ``lines`` draws them in."""
-        console = self.console()
+        console = console or self.console()
         blocks: list[str] = []
         text: list[list[Segment]] = []
-        for part in _parts(self.renderable):
+        for part in parts if parts is not None else _parts(self.renderable):
             if isinstance(part, (Table, OwnHtml)) and not _drawn_as_text(part):
                 if text:
                     blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
@@ -276,17 +285,42 @@ def hide_widths(
     return widths
 
 
+# what one console measured, by the object measured (held, so that its id stays its
+# own) and the width: a bundle's text and HTML, and each line under a table, measure once
+_MEASURED: weakref.WeakKeyDictionary[Console, dict[tuple[int, int], tuple[object, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _measured(console: Console, what: object, width: int, measure: Any) -> Any:
+    """``measure()``, or what it gave for ``what`` at ``width`` on this console before."""
+    memo = _MEASURED.setdefault(console, {})
+    key = (id(what), width)
+    held = memo.get(key)
+    if held is None or held[0] is not what:
+        held = memo[key] = (what, measure())
+    return held[1]
+
+
 def drawn_width(console: Console, part: RenderableType, width: int) -> int:
     """How wide ``part`` is drawn in ``width`` columns, after a table hid or narrowed
     columns to fit (what a line under it lines up with)."""
-    fitted, drawn_at = _fitted(console, part, width)[0]
-    options = console.options.update(width=drawn_at)
-    return min(console.measure(fitted, options=options).maximum, drawn_at)
+
+    def measure() -> int:
+        fitted, drawn_at = _fitted(console, part, width)[0]
+        options = console.options.update(width=drawn_at)
+        return min(console.measure(fitted, options=options).maximum, drawn_at)
+
+    return _measured(console, part, width, measure)
 
 
 def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
     """Each column's narrowest width that keeps its words whole (its widest cell where
     it does not wrap), and its widest cell: header, cells and footer."""
+    return _measured(console, table, 0, lambda: _sizes(console, table))
+
+
+def _sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
     unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
     lows, highs = [], []
     for column in table.columns:
