@@ -288,3 +288,17 @@ def test_the_registry_of_histories_keeps_neither_a_model_nor_its_history_alive()
     del tm, model, opt
     gc.collect()
     assert model_ref() is None and history_ref() is None
+
+
+def test_the_doctor_names_a_history_held_by_another_session_before_any_command(ip):
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm = Session(model, opt)
+    tm.freeze("layer1")
+    ip.user_ns.update(spare=_net())
+    _magic(ip, "freeze spare.layer1")  # the notebook's history has its own commands
+    ip.user_ns.update(net=model, opt=opt)
+    found = {f.check: f for f in loaded(ip).session.doctor().findings}
+    finding = found["history-elsewhere"]
+    assert finding.subject == "net" and f"Session created at {__file__}:" in finding.message
+    assert "history-elsewhere" not in {f.check for f in tm.doctor().findings}  # its own

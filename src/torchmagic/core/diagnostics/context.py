@@ -58,6 +58,8 @@ class DoctorContext:
     replaced_heads: Container[str]  # models whose head the session replaced
     fits: Sequence[object]  # the session's runs, the newest last
     pinbench: object | None  # the last pinbench report
+    # model name → who holds its undo history, where this session cannot take it
+    histories_elsewhere: Mapping[str, str]
 
     @property
     def trained(self) -> dict[str, nn.Module]:
@@ -76,6 +78,7 @@ def gather(
     replaced_heads: Container[str],
     fits: Sequence[object],
     pinbench: object | None,
+    histories_elsewhere: Mapping[str, str],
 ) -> DoctorContext:
     """The context of one scan: the session's scaler and AMP policy's scaler join those
     bound in the namespace."""
@@ -100,6 +103,7 @@ def gather(
         replaced_heads,
         fits,
         pinbench,
+        histories_elsewhere,
     )
 
 

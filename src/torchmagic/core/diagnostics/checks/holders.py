@@ -1,7 +1,7 @@
 """Objects that set lrs or trainability on their own: an ignite ParamScheduler that would
 overwrite a new group's lr, fine-tuning callbacks and skorch nets that redo the model's
-trainability or its optimizer at the next fit, and objects no room knows that hold the
-model or its optimizer."""
+trainability or its optimizer at the next fit, objects no room knows that hold the model
+or its optimizer, and another session that holds a model's undo history."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ...integrations import discovery
-from ..context import DoctorContext
+from ..context import DoctorContext, ModelEntry
 from ..findings import Finding
 from ..registry import CheckGroup
 
@@ -48,3 +48,19 @@ def holders(context: DoctorContext) -> Iterator[Finding]:
                         "edit where it builds the model or optimizer, or check after its "
                         "next run that the change held",
                     )
+
+
+@checks.each_model
+def history_elsewhere(context: DoctorContext, model: ModelEntry) -> Iterator[Finding]:
+    """A model whose undo history another session holds: this one's commands on it are
+    refused (one model, one history)."""
+    owner = context.histories_elsewhere.get(model.name)
+    if owner is not None:
+        yield Finding(
+            "history-elsewhere",
+            "warning",
+            model.name,
+            f"its undo history is held by another torchmagic session, {owner}: this "
+            "session's commands on it are refused",
+            "run them from that session, or give this one a model of its own",
+        )
