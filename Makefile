@@ -19,7 +19,7 @@ TORCH_INDEX ?=
 
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check fuzz
+.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check pty-check fuzz
 
 venv: $(VENV_STAMP)
 
@@ -70,14 +70,25 @@ gpu-check: $(VENV_STAMP)
 	$(PYTHON) tools/gpu_check.py
 
 # A real-browser look at the notebooks (JupyterLab + headless Debian Chromium, light and dark,
-# 1400 and 900 px); not part of `make test`. Installs jupyterlab and playwright into .venv
-# and Debian's chromium when missing (never Playwright's own browser download).
+# 1400 and 900 px: a ~450 px output with the file browser open; %tm doctor's fixes in view,
+# numbers whole, %fit / %fine_tune heights sampled as they run), then pty-check; not part of
+# `make test`. Installs jupyterlab, playwright and pyte into .venv and Debian's chromium when
+# missing (never Playwright's own browser download).
 UI_CHECK_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ui-check: $(VENV_STAMP)
 	$(PYTHON) -c "import jupyterlab, playwright" 2>/dev/null || .venv/bin/pip install -q 'jupyterlab>=4' 'playwright>=1.40'
 	test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 	$(PYTHON) tools/ui_check.py $(UI_CHECK_ARGS)
+	$(MAKE) pty-check
+
+# A torchmagic session typed into a real terminal IPython under a pty at 60, 80 and 100
+# columns, emulated by pyte: no line wider than the terminal, nothing above %fine_tune
+# erased, a refusal one line. Captures: build/ui/pty-<cols>.txt.
+PTY_CHECK_ARGS ?=
+pty-check: $(VENV_STAMP)
+	$(PYTHON) -c "import pyte" 2>/dev/null || .venv/bin/pip install -q 'pyte>=0.8'
+	$(PYTHON) tools/pty_check.py $(PTY_CHECK_ARGS)
 
 # The magics fuzzer at length (the suite runs a few hundred examples): every line is one
 # UsageError or a success, and a refusal changes nothing.

@@ -7,6 +7,8 @@ machine with CUDA.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -74,6 +76,21 @@ def test_list_devices_with_faked_gpus(monkeypatch):
     assert a100.capability == "8.0" and t4.description == "Fake T4"
     assert t4.current and not a100.current and report.current == "cuda:1"
     assert dev.list_devices().current == "cuda:0"  # auto: the first GPU
+
+
+def test_a_long_device_name_gives_way_before_free_and_total(monkeypatch):
+    """At a ~450 px output (900 px window, file browser open) a CPU named "Intel(R)
+    Xeon(R) Processor" pushed `total` out of view: the name is hidden first (last of the
+    optional columns), and free and total are key columns no width hides."""
+    fake_cuda(monkeypatch, [gpu("NVIDIA GeForce RTX 4090 Laptop GPU", 8, 9, 76)])
+    report = dev.list_devices("cuda:0")
+    html = devices(report).html()
+    assert "<th data-tm-key" in html
+    assert re.findall(r"<th data-tm-key[^>]*>(.*?)</th>", html) == ["", "device", "free", "total"]
+    narrow = str(devices(report, 40))
+    assert "RTX 4090" not in narrow and "hidden at 40 columns: name," in narrow
+    assert narrow.splitlines()[1].split() == ["┃", "device", "┃", "free", "┃", "total"]
+    assert "RTX 4090" in str(devices(report, 120))  # where it fits, it is there
 
 
 @pytest.mark.parametrize("spec", ["cpu", "CPU", " cpu "])

@@ -18,7 +18,8 @@ from torchmagic.render.training import epoch_table
 
 GROUPS = ("bert.embeddings · no_decay", "bert.encoder.layer.1 · decay", "classifier")
 QUERY = re.compile(r"@container \(max-width:(\d+)ch\)\{((?:[^{}]+\{[^{}]*\})*)\}")
-RULE = re.compile(r"\.\S+ \.(\S+)\{display:(none|block)\}")
+RULE = re.compile(r"\.\S+ \.(\S+)\{display:(none|block)( !important)?\}")
+NOTE = re.compile(r"-n\d+$")  # a note's class; its markup says display:none inline
 
 
 def _table() -> render.Rendered:
@@ -59,12 +60,14 @@ class _Cells(HTMLParser):
 
 
 def _shown_at(style: str, width: int) -> dict[str, str]:
-    """class → display at a container ``width`` characters wide ("" where no rule)."""
+    """class → display at a container ``width`` characters wide ("" where no rule). A
+    note's inline ``display:none`` beats every rule that is not ``!important``."""
     display: dict[str, str] = {}
     for limit, body in QUERY.findall(style):
         if width <= int(limit):
-            for cls, value in RULE.findall(body):
-                display[cls] = value
+            for cls, value, important in RULE.findall(body):
+                if important or not NOTE.search(cls):
+                    display[cls] = value
     return display
 
 

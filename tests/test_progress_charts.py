@@ -172,6 +172,19 @@ def test_lr_find_chart_fits_its_y_axis_to_the_curve_not_the_divergent_tail():
     assert [row.split("┤")[0].strip() for row in plot] == ["0.900", "0.500"]
 
 
+def test_lr_find_chart_of_a_loss_that_never_fell_shows_its_whole_rise():
+    """The quickstart's %lr_find after fine-tuning: the loss only rises, to 4x its minimum
+    where the run stops; the axis was fitted to its first steps and the curve left it."""
+    losses = tuple(0.116 * (1 + 3 * (i / 35) ** 2) + 0.004 * (i % 2) for i in range(36))
+    lrs = tuple(1e-7 * 10 ** (i / 5) for i in range(len(losses)))
+    result = LrFindResult(
+        "model", lrs, losses, losses, None, STEEPEST, None, 0, "0", (1.0,), 1e-7, 1.0, 40
+    )
+    low, high = lr_find_view.loss_span(result, raw=True, headroom=lr_find_view.HEADROOM)
+    assert low < min(losses) and high > max(losses)  # every loss of the run in view
+    assert high - low < 1.3 * (max(losses) - min(losses))  # and no more than a little room
+
+
 def test_lr_find_text_curve_fits_a_narrow_terminal_and_stands_in_for_a_missing_chart(
     monkeypatch,
 ):

@@ -1,4 +1,5 @@
-"""The pure parts of tools/ui_check.py: wrap detection, page judgement, contrast, CLI.
+"""The pure parts of make ui-check (tools/ui/checks.py, tools/ui_check.py): wrap detection,
+page judgement, contrast, fixes in view, numbers whole, progress heights, CLI.
 
 The browser run itself is `make ui-check`; these tests feed it the data the page probe
 returns, so they need neither JupyterLab nor Chromium.
@@ -6,7 +7,7 @@ returns, so they need neither JupyterLab nor Chromium.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,17 +17,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_ui_check() -> ModuleType:
-    """tools/ui_check.py, imported by path (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("ui_check", ROOT / "tools/ui_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ui_check"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def _tools() -> tuple[ModuleType, ModuleType]:
+    """tools/ui/checks.py (the rules) and tools/ui_check.py (the command line), imported
+    with tools/ on the path as the script has it (tools/ is no package)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    return importlib.import_module("ui.checks"), importlib.import_module("ui_check")
 
 
-ui = _load_ui_check()
+ui, cli = _tools()
 
 LINE = 18.0  # one line box, in px
 
@@ -195,14 +193,16 @@ def test_low_contrast_text_fails_the_page_and_zero_turns_the_check_off():
 
 
 def test_command_line_defaults_cover_everything():
-    args = ui.parse_args([])
+    args = cli.parse_args([])
     assert args.notebooks == ("quickstart", "all_magics")
     assert args.themes == ("light", "dark")
     assert args.widths == (1400, 900)
 
 
 def test_command_line_subsets_keep_the_order_given():
-    args = ui.parse_args(["--notebooks", "all_magics", "--themes", "dark,light", "--widths", "900"])
+    args = cli.parse_args(
+        ["--notebooks", "all_magics", "--themes", "dark,light", "--widths", "900"]
+    )
     assert args.notebooks == ("all_magics",)
     assert args.themes == ("dark", "light")
     assert args.widths == (900,)
@@ -220,7 +220,7 @@ def test_command_line_subsets_keep_the_order_given():
 )
 def test_command_line_rejects_unknown_values(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        ui.parse_args(argv)
+        cli.parse_args(argv)
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"argument {argv[0]}:" in error and ("choose from" in error or "pixels" in error)
@@ -243,7 +243,7 @@ def test_summary_table_has_one_row_per_combination():
 
 
 def test_every_notebook_the_check_runs_exists():
-    for path in ui.NOTEBOOKS.values():
+    for path in cli.NOTEBOOKS.values():
         assert (ROOT / path).is_file(), path
 
 
@@ -270,3 +270,103 @@ def test_a_key_column_right_of_the_visible_output_fails_and_names_it():
     assert len(combo.failures) == 1
     assert "key columns params of table 'model (ResNet)'" in combo.failures[0]
     assert ui.hidden_keys(_table(keys, right=900.0)) == []
+
+
+# -- issue 29's check: fixes in view, numbers whole, scrollbars, progress heights ----------
+
+
+def _findings(*fixes: list[list[float]]) -> dict:
+    """One findings block seen in the box 300..800 x 0..400, with fixes' (l, t, r, b) rects."""
+    return {
+        "visible": {"left": 300.0, "top": 0.0, "right": 800.0, "bottom": 400.0},
+        "fixes": [{"text": f"→ fix {i}", "boxes": rects} for i, rects in enumerate(fixes)],
+    }
+
+
+def test_a_fix_inside_the_visible_output_passes_and_counts():
+    output = {**_html(), "findings": [_findings([[300, 10, 790, 26], [300, 28, 500, 44]])]}
+    combo = _judge(_page(_cell("%tm doctor", output)))
+    assert combo.failures == [] and combo.findings == 1
+
+
+@pytest.mark.parametrize(
+    "rect",
+    [[300, 10, 830, 26], [280, 10, 500, 26], [300, 390, 500, 406]],
+    ids=["right-of-the-output", "left-of-it", "below-its-height-limit"],
+)
+def test_a_fix_cut_by_the_output_fails_and_quotes_it(rect):
+    output = {**_html(), "findings": [_findings([[300, 10, 500, 26]], [rect])]}
+    (failure,) = _judge(_page(_cell("%tm doctor", output))).failures
+    assert "1 fix(es) outside the visible output" in failure and "→ fix 1" in failure
+
+
+def test_a_findings_block_without_a_fix_drawn_fails():
+    output = {**_html(), "findings": [{"visible": _findings()["visible"], "fixes": []}]}
+    (failure,) = _judge(_page(_cell("%tm doctor", output))).failures
+    assert "without a fix drawn" in failure
+
+
+def test_a_number_over_two_line_boxes_is_a_cut_number():
+    numbers = [
+        {"text": "696.2 MiB", "boxes": boxes(0, 0)},
+        {"text": "20.4 GiB", "boxes": boxes(0) + boxes(1)},  # "20.4" / "GiB"
+    ]
+    assert ui.split_numbers(numbers) == ["20.4 GiB"]
+    combo = _judge(_page(_cell("%gpumem", {**_html(), "numbers": numbers})))
+    assert combo.failures == ["cell 1 `%gpumem`: numbers broken over two lines: ['20.4 GiB']"]
+
+
+def _scrolling(gap: float, scrolls: bool = True) -> dict:
+    return {**_table([]), "bottom": 500.0, "scroller": {"scrolls": scrolls, "bottom": 500 + gap}}
+
+
+def test_a_scrollbar_right_below_its_table_passes_and_one_under_more_text_fails():
+    assert ui.far_scrollbar(_scrolling(15.0)) is None
+    assert ui.far_scrollbar(_scrolling(80.0)) == 80.0
+    near = _judge(_page(_cell("%summary", {**_html(), "tables": [_scrolling(15.0)]})))
+    far = _judge(_page(_cell("%summary", {**_html(), "tables": [_scrolling(80.0)]})))
+    idle = _judge(_page(_cell("%summary", {**_html(), "tables": [_scrolling(80.0, False)]})))
+    assert near.failures == [] and idle.failures == [] and idle.checks == near.checks - 1
+    assert far.failures == [
+        "cell 1 `%summary`: the scrollbar of table 'model (ResNet)' is 80 px below it"
+    ]
+
+
+def test_a_growing_progress_never_shrinks():
+    assert ui.shrinks([[0, 0], [100, 84], [200, 138], [300, 154], [400, 318]]) == []
+
+
+def test_a_drop_after_the_first_draw_is_found_even_when_it_grows_back():
+    """The frames the check saw before the fix: 154 px, 117 px at the close, then 318."""
+    heights = [[0, 0], [6086, 99.9], [6613, 153.7], [6637, 117.4], [7278, 317.6]]
+    assert ui.shrinks(heights) == [(6637, 153.7, 117.4)]
+    assert ui.shrinks([[0, 50], [10, 49.5]]) == []  # under a pixel: sub-pixel layout
+
+
+def test_judge_heights_names_the_cell_that_shrank_and_the_one_never_drawn():
+    records = {
+        "3": {"samples": 40, "heights": [[0, 0], [50, 100], [90, 80]]},
+        "5": {"samples": 40, "heights": [[0, 0]]},
+        "7": {"samples": 40, "heights": [[0, 0], [50, 100], [90, 120]]},
+    }
+    sources = {"3": "%fit train_loader", "5": "%fine_tune a --val b", "7": "%fit x"}
+    combo = ui.Combo("nb", "light run", 900, Path("build/ui/nb/run"))
+    ui.judge_heights(records, sources, combo)
+    assert combo.failures == [
+        "cell `%fit train_loader`: output shrank 1 time(s), first 100 -> 80 px at 90 ms",
+        "cell `%fine_tune a --val b`: never drawn",
+    ]
+    assert combo.checks == 6
+
+
+def test_the_widest_output_is_noted_for_the_report():
+    combo = _judge(_page(_cell("%summary", {**_html(), "width": 468.0})))
+    assert combo.output_width == 468.0
+
+
+def test_columns_hidden_without_the_line_naming_them_fail():
+    named = {**_table([]), "hidden": 2, "hiddenNamed": True}
+    silent = {**_table([]), "hidden": 2, "hiddenNamed": False}
+    assert _judge(_page(_cell("%summary", {**_html(), "tables": [named]}))).failures == []
+    (failure,) = _judge(_page(_cell("%summary", {**_html(), "tables": [silent]}))).failures
+    assert "hides 2 column(s) without the line that names them" in failure

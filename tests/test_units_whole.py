@@ -62,3 +62,12 @@ def test_before_the_fix_rich_alone_splits_them() -> None:
     out = io.StringIO()
     Console(file=out, width=20, color_system=None).print(Text(STATUS))
     assert _splits(out.getvalue())
+
+
+def test_a_pre_in_html_keeps_each_number_with_its_unit_on_one_line() -> None:
+    """A <pre> wraps at spaces (pre-wrap): the %gpumem footer broke "20.4" / "GiB" at a
+    ~450 px output, so each number and its unit is one no-wrap run there too."""
+    drawn = render.Rendered(Text(STATUS), 200).html()
+    for pair in ("27.2 samples/s", "0 %", "17.4 GiB", "80.0 GiB", "2.4 s"):
+        assert f'<span style="white-space:nowrap">{pair}</span>' in drawn
+    assert '<span style="white-space:nowrap">loss' not in drawn  # other words may wrap

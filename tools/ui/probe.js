@@ -1,4 +1,4 @@
-// Reads the current JupyterLab notebook from the page for tools/ui_check.py.
+// Reads the current JupyterLab notebook from the page for tools/ui/browser.py.
 // Needs JupyterLab started with --LabApp.expose_app_in_browser=True (window.jupyterapp).
 // Returns plain data only; every judgement (wrapping, contrast, errors) is made in Python.
 (options) => {
@@ -67,6 +67,80 @@
     return [Math.max(left, 0), Math.min(right, document.documentElement.clientWidth)];
   }
 
+  // The box of `element` a user sees: sideways as visibleSpan, and up and down as far as
+  // its output area lets it (a scrolled output's height limit), wherever the notebook
+  // happens to be scrolled.
+  function visibleBox(element) {
+    const [left, right] = visibleSpan(element);
+    let [top, bottom] = [-Infinity, Infinity];
+    const area = element.closest(".jp-Cell-outputArea");
+    for (let e = element.parentElement; e && area && area.contains(e); e = e.parentElement) {
+      if (getComputedStyle(e).overflowY === "visible") continue;
+      const box = e.getBoundingClientRect();
+      [top, bottom] = [Math.max(top, box.top), Math.min(bottom, box.bottom)];
+    }
+    return { left, top, right, bottom };
+  }
+
+  // The rects of the text of `root` from the first "→" on: a finding's fix.
+  function fixOf(root) {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    const range = document.createRange();
+    let started = false;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const at = node.data.indexOf("→");
+      if (!started && at >= 0) {
+        range.setStart(node, at);
+        started = true;
+      }
+      if (started) range.setEnd(node, node.data.length);
+    }
+    if (!started) return null;
+    const boxes = Array.from(range.getClientRects())
+      .filter((r) => r.width > 0 && r.height > 0)
+      .map((r) => [r.left, r.top, r.right, r.bottom]);
+    return { text: range.toString().trim(), boxes };
+  }
+
+  // Each %tm doctor findings block: the fix of every finding and the box one sees.
+  function findings(root) {
+    return Array.from(root.querySelectorAll(".torchmagic-findings")).map((block) => ({
+      visible: visibleBox(block),
+      fixes: Array.from(block.children).slice(1).map(fixOf).filter((fix) => fix), // 0: heads
+    }));
+  }
+
+  // Every number with its unit in the output's text, with the line boxes it renders into.
+  const NUMBER = /\d[\d.,]*(?:e[-+]?\d+)?%?(?:[ \u00a0](?:[KMGT]i?B|B|ms|s|k|M|G)(?![\w]))?/g;
+  function numbers(root) {
+    const found = [];
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const match of node.data.matchAll(NUMBER)) {
+        if (match[0].length < 2) continue; // a single digit cannot break
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const boxes = Array.from(range.getClientRects())
+          .filter((r) => r.width > 0 && r.height > 0)
+          .map((r) => [r.top, r.bottom]);
+        if (boxes.length) found.push({ text: match[0], boxes });
+      }
+    }
+    return found;
+  }
+
+  // The nearest ancestor that scrolls sideways: whether it does, and where it ends.
+  function scrollerOf(table) {
+    for (let e = table.parentElement; e; e = e.parentElement) {
+      const overflow = getComputedStyle(e).overflowX;
+      if (overflow === "auto" || overflow === "scroll") {
+        return { scrolls: e.scrollWidth > e.clientWidth + 1, bottom: e.getBoundingClientRect().bottom };
+      }
+    }
+    return null;
+  }
+
   // Each <table> with the header cells of its key columns (``data-tm-key``, those no
   // width hides) and where they sit against the part of the output one sees.
   function tables(root) {
@@ -78,7 +152,21 @@
       });
       const above = table.previousElementSibling;
       const titled = above && above.classList.contains("torchmagic-title");
-      return { title: titled ? above.innerText.trim() : "", keys, visibleLeft, visibleRight };
+      return {
+        title: titled ? above.innerText.trim() : "",
+        keys,
+        visibleLeft,
+        visibleRight,
+        bottom: table.getBoundingClientRect().bottom,
+        scroller: scrollerOf(table),
+        // columns a narrow output hid, and whether the line naming them is in view
+        hidden: Array.from(table.querySelectorAll("th")).filter(
+          (th) => getComputedStyle(th).display === "none"
+        ).length,
+        hiddenNamed: Array.from(
+          (table.closest(".torchmagic-table-block") || table).querySelectorAll("div")
+        ).some((d) => d.innerText.startsWith("… hidden at this width") && d.getClientRects().length),
+      };
     });
   }
 
@@ -148,6 +236,9 @@
               .map(preLines)
           : [],
         tables: node ? tables(node) : [],
+        width: node ? node.getBoundingClientRect().width : 0,
+        findings: node ? findings(node) : [],
+        numbers: node ? numbers(node) : [],
         colours: node && options.colours ? colours(node) : [],
       });
     }

@@ -67,7 +67,10 @@ _TITLE = (
 )
 
 # a run between spaces, a number with its unit one run ("4.0 MiB", "0 %")
-_WORD = re.compile(rf"[^ ]*\d {units.UNITS}[^ ]*|[^ ]+")
+_NUMBER_WORD = rf"[^ ]*\d {units.UNITS}[^ ]*"  # a number with its unit, as one word
+_WORD = re.compile(rf"{_NUMBER_WORD}|[^ ]+")
+_NUMBER = re.compile(_NUMBER_WORD)
+_NO_WRAP = r'<span style="white-space:nowrap">\g<0></span>'
 RULE = "1px solid rgba(128,128,128,.45)"  # grey at half strength reads on any theme
 FONT = _FONT
 
@@ -173,7 +176,7 @@ class Rendered:
         for part in parts if parts is not None else _parts(self.renderable):
             if isinstance(part, (Table, OwnHtml)) and not _drawn_as_text(part):
                 if text:
-                    blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
+                    blocks.append(_pre(text))
                     text = []
                 blocks.append(
                     part.html() if isinstance(part, OwnHtml) else _html_table(console, part)
@@ -187,11 +190,18 @@ class Rendered:
         while text and not text[-1]:
             text.pop()
         if text:
-            blocks.append(_PRE.format(code="\n".join(_html_line(ln) for ln in text)))
+            blocks.append(_pre(text))
         return _HTML.format(blocks="".join(blocks))
 
     def __str__(self) -> str:
         return _text(self.lines())
+
+
+def _pre(lines: list[list[Segment]]) -> str:
+    """Text lines as one <pre>. HTML drops a newline right after ``<pre>``, so a leading
+    blank line (a closed progress block's) gets one more, or the block loses a line."""
+    code = "\n".join(_html_line(line) for line in lines)
+    return _PRE.format(code="\n" + code if code.startswith("\n") else code)
 
 
 class Fitted:
@@ -413,12 +423,13 @@ def _text(lines: Sequence[Sequence[Segment]]) -> str:
 
 
 def _html_line(line: Sequence[Segment], words: bool = False) -> str:
-    """One drawn line as HTML; ``words``: each run between spaces in a no-wrap span."""
+    """One drawn line as HTML, each number with its unit in a no-wrap span; ``words``:
+    each run between spaces too."""
     parts = []
     for segment in line:
         text = html.escape(segment.text, quote=False)
-        if words:
-            text = _WORD.sub(r'<span style="white-space:nowrap">\g<0></span>', text)
+        # a <pre> wraps at spaces, but not between a number and its unit
+        text = (_WORD if words else _NUMBER).sub(_NO_WRAP, text)
         rules = theme.css(segment.style) if segment.style else ""
         text = f'<span style="{rules}">{text}</span>' if rules else text
         link = segment.style.link if segment.style else None

@@ -36,7 +36,8 @@ def devices(report: DeviceReport, width: int | None = None) -> Rendered:
             ("details", "left"),
         ),
         whole=("device", "name", "free", "total", "bf16"),
-        hide=("details", "capability", "bf16"),
+        # a long name ("Intel(R) Xeon(R) Processor") last: free and total stay in view
+        hide=("details", "capability", "bf16", "name"),
     )
     for d in report.devices:
         drawn.add_row(

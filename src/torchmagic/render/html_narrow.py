@@ -48,8 +48,10 @@ def block(
     for k, (below, column) in enumerate(widths):
         query = f"@container (max-width:{below - 1}ch)"
         hide = f".{scope} .{column_class(scope, column)}{{display:none}}"
-        note = f".{scope} .{scope}-n{k}{{display:block}}"
-        earlier = f".{scope} .{scope}-n{k - 1}{{display:none}}" if k else ""
+        # !important: a note's own display:none is inline (no <style>, no note), and an
+        # inline declaration beats a rule that is not important
+        note = f".{scope} .{scope}-n{k}{{display:block !important}}"
+        earlier = f".{scope} .{scope}-n{k - 1}{{display:none !important}}" if k else ""
         rules.append(f"{query}{{{hide}{note}{earlier}}}")
         gone = sorted(c for _, c in widths[: k + 1])  # named in table order, as in text
         hidden = ", ".join(html.escape(names[c], quote=False) for c in gone)

@@ -79,13 +79,15 @@ def loss_span(
     """The losses the chart shows: the smoothed curve from its start down to its minimum
     and back up to the level it started from (with ``raw``, the raw losses of that
     stretch too), ``headroom`` of the range added each side. Past that the loss diverges
-    and goes off the top: neither its values nor its non-finite losses stretch the axis."""
+    and goes off the top: neither its values nor its non-finite losses stretch the axis.
+    A loss that never fell has no such stretch: its whole finite curve is shown (the run
+    stopped it at a few times its minimum), not the first step or two of its rise."""
     smoothed = result.smoothed
     finite = [i for i, v in enumerate(smoothed) if math.isfinite(v)]
     if not finite:
         return 0.0, 1.0
     lowest = min(finite, key=lambda i: smoothed[i])
-    level = max(smoothed[i] for i in finite if i <= lowest)
+    level = max(smoothed[i] for i in finite if i <= lowest or result.falling is None)
     end = next((i for i in finite if i > lowest and smoothed[i] > level), len(smoothed))
     shown = [smoothed[i] for i in finite if i < end]
     if raw:

@@ -29,7 +29,7 @@ from rich.text import Text
 from ..core.training.fit_events import EpochMetrics, FitStart, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import theme
-from .base import Fitted, Rendered, human
+from .base import FONT, Fitted, OwnHtml, Rendered, html_text, human
 from .surgery import change
 from .training import (
     SIGNIFICANT,
@@ -80,9 +80,11 @@ def _start_text(start: FitStart) -> str:
     )
 
 
-class BarLine:
+class BarLine(OwnHtml):
     """A bar and the words after it on one line: the bar gives way (down to
-    ``MIN_BAR_WIDTH``) so that the words never wrap at a narrow width."""
+    ``MIN_BAR_WIDTH``) so that the words never wrap at a narrow width. In HTML the
+    browser's width is not known here, so the bar's two parts shrink there, in
+    proportion: a line that wrapped would make the live block taller than the closed one."""
 
     def __init__(self, fraction: float | None, words: str) -> None:
         self.fraction = fraction  # None: no bar (the total is not known)
@@ -99,6 +101,32 @@ class BarLine:
             ("─" * (width - filled), theme.style("bar_todo")),  # thin: tells apart uncoloured
             " ",
             self.words,
+        )
+
+    def html(self) -> str:
+        """One flex row: the done and to-do parts of the bar shrink by the same ratio,
+        never below ``MIN_BAR_WIDTH`` together; the words keep their one line."""
+        words = html_text(Text(self.words))
+        bar = ""
+        if self.fraction is not None:
+            filled = round(BAR_WIDTH * min(max(self.fraction, 0.0), 1.0))
+            parts = "".join(
+                f'<span style="flex:0 1 {n}ch;min-width:0;overflow:hidden">'
+                f"{html_text(Text(char * n, style=theme.style(name)))}</span>"
+                for n, char, name in (
+                    (filled, "━", "bar_done"),
+                    (BAR_WIDTH - filled, "─", "bar_todo"),
+                )
+                if n
+            )
+            bar = (
+                f'<span style="display:flex;flex:0 1 {BAR_WIDTH}ch;min-width:{MIN_BAR_WIDTH}ch;'
+                f'overflow:hidden">{parts}</span>'
+            )
+            words = " " + words
+        return (
+            f'<div class="torchmagic-bar" style="display:flex;white-space:pre;'
+            f'line-height:1.3;{FONT}">{bar}<span style="flex:0 0 auto">{words}</span></div>'
         )
 
 
