@@ -223,6 +223,18 @@ def test_steepest_descent_on_a_known_curve():
     assert best == 35 and first == 0 and last == 45
 
 
+def test_a_low_first_average_does_not_hide_the_fall_after_it():
+    # as in the quickstart: the first smoothed values (few losses) are the lowest of the
+    # run, then the loss falls from 0.31 to 0.22 and rises
+    lrs = [10 ** (-7 + i / 12) for i in range(100)]
+    smoothed = [0.18, 0.2, 0.25] + [0.31 - 0.09 * i / 60 for i in range(61)]
+    smoothed += [smoothed[-1] + 0.02 * k for k in range(1, 37)]
+    found = _steepest(lrs, smoothed)
+    assert found is not None
+    best, first, last = found
+    assert 3 <= first <= best <= last == 63
+
+
 def test_no_suggestion_when_the_loss_never_falls():
     lrs = [10 ** (-5 + i / 10) for i in range(40)]
     assert _steepest(lrs, [1.0 + i for i in range(40)]) is None

@@ -183,9 +183,10 @@ def _steepest(lrs: Sequence[float], smoothed: Sequence[float]) -> tuple[int, int
     """(steepest, first, last) indices: the steepest fall of the smoothed loss per decade
     of lr before its minimum, and the decreasing stretch around it."""
     n = len(smoothed)
-    lowest = min(range(n), key=smoothed.__getitem__) if n else 0
     reach = max(1, n // 20)  # a slope over a few steps each side: noise cancels out
     skip = max(reach, min(10, n // 4))  # the first averages rest on few losses
+    # the minimum after them too: one low early average is no minimum to stop before
+    lowest = min(range(skip, n), key=smoothed.__getitem__) if n > skip else 0
     xs = [math.log10(v) for v in lrs]
     slopes = {
         i: (smoothed[i + reach] - smoothed[i - reach]) / (xs[i + reach] - xs[i - reach])
