@@ -100,7 +100,9 @@ def test_an_exp_avg_of_the_wrong_shape_is_refused_without_digests(saved):
 def test_an_undamaged_file_resumes_and_digests_cover_every_tensor(saved):
     path, model = saved
     payload = torch.load(path, weights_only=True)
-    covered = set(payload["digests"])
+    digests, word_bytes = integrity.saved_digests(payload)
+    assert word_bytes == 8
+    covered = set(digests)
     assert set(payload["model"]["state_dict"]) <= covered
     assert "the optimizer's exp_avg_sq of 'fc.weight'" in covered
     fresh, opt, sched = build_net()
@@ -179,18 +181,59 @@ def test_an_interrupted_resume_leaves_the_state_before_and_a_retry_works(saved, 
 @pytest.mark.parametrize(
     "tensor",
     [
-        torch.randn(1001),
+        torch.randn(1001),  # 4004 bytes: summed as int32 words, also in 64-bit sums
         torch.randn(7, 3, dtype=torch.float64),
-        torch.randn(33, dtype=torch.bfloat16),  # 66 bytes: summed as int32 words
+        torch.randn(33, dtype=torch.bfloat16),  # 66 bytes: summed as bytes
         torch.arange(5, dtype=torch.uint8),  # 5 bytes: summed as bytes
         torch.randn(4, 6)[:, ::2],  # not contiguous
+        torch.randn(9)[1:],  # a view whose words do not start at its storage's
+        torch.full((4,), 2**62, dtype=torch.int64),  # the 64-bit sum wraps
     ],
-    ids=["float32", "float64", "bf16", "odd bytes", "strided"],
+    ids=["float32", "float64", "bf16", "odd bytes", "strided", "offset", "wraps"],
 )
-def test_the_digest_is_the_int32_word_sum_torch_gives(tensor):
-    """The CPU digest (summed by numpy) is the number torch's own sum gives, which files
-    written before carry and a digest on another device computes."""
-    flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-    if flat.numel() % 4 == 0:
-        flat = flat.view(torch.int32)
-    assert integrity.digest(tensor) == int(flat.sum(dtype=torch.int64))
+@pytest.mark.parametrize("word_bytes", [8, 4])
+def test_the_digest_is_the_word_sum_torch_gives(tensor, word_bytes):
+    """The CPU digest (summed by numpy) is the number torch's own sum gives in an int64
+    (wrapping), which a digest on another device computes; 4-byte words are what files
+    written before carry."""
+    flat = tensor.contiguous().reshape(-1).clone().view(torch.uint8)
+    for size, words in ((8, torch.int64), (4, torch.int32)):
+        if size <= word_bytes and flat.numel() % size == 0:
+            flat = flat.view(words)
+            break
+    assert integrity.digest(tensor, word_bytes) == int(flat.sum(dtype=torch.int64))
+
+
+def _with_32_bit_digests(payload):
+    """The payload as a save before the 64-bit sums wrote it: a dict of 32-bit sums."""
+    del payload["digests"]
+    integrity.seal(payload)
+    digests, _ = integrity.saved_digests(payload)
+    for name, tensor in integrity._tensors(payload):
+        digests[name][2] = integrity.digest(tensor, 4)
+    payload["digests"] = digests
+
+
+def test_a_file_with_the_32_bit_digests_of_before_is_verified(saved):
+    path, model = saved
+    _edited(path, _with_32_bit_digests)
+    fresh, opt, sched = build_net()
+    torchmagic.resume(path, fresh, opt, [sched])
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+    def flip(payload):
+        payload["model"]["state_dict"]["fc.weight"].view(torch.int32)[0] ^= 1
+
+    _edited(path, flip)
+    assert "fc.weight was damaged after the save: its digest differs" in _refused(path)
+
+
+def test_unreadable_digests_are_refused(saved):
+    path, _ = saved
+
+    def garble(payload):
+        payload["digests"] = "{not json"
+
+    _edited(path, garble)
+    assert "its digests are not readable by this torchmagic" in _refused(path)

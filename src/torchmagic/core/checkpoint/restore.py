@@ -18,6 +18,7 @@ from ..surgery.edits import BoundModel
 from ..surgery.results import Replay
 from ..tensors import step_stays_on_host
 from ..training.amp import AmpController
+from .aside import set_aside
 from .records import REPLAYABLE
 
 
@@ -106,11 +107,11 @@ def replays(payload: dict) -> Iterator[tuple[str, Replay]]:
 def keep_states(
     target: BoundModel, amp: AmpController, scaler: torch.amp.GradScaler | None
 ) -> Callable[[], None]:
-    """What the loads replace, kept: the returned call puts it all back (weights copied
-    in place, the optimizer's state and groups, schedulers, AMP and its GradScaler, the
-    random generators), so a load that fails half way leaves the state before it."""
+    """What the loads replace, kept: the returned call puts it all back (the weights'
+    memory, see :func:`.aside.set_aside`; the optimizer's state and groups, schedulers,
+    AMP and its GradScaler, the random generators), so a load that fails half way leaves
+    the state before it. The weights are set aside last: nothing before changes anything."""
     model, opt = target.model, target.optimizer
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state = None if opt is None else dict(opt.state)
     groups = [] if opt is None else [dict(g) for g in opt.param_groups]
     roots = scheduler_sync.roots(target.schedulers)
@@ -119,9 +120,10 @@ def keep_states(
     scalers = [s for s in {id(s): s for s in (amp.scaler, scaler) if s is not None}.values()]
     scaler_states = [copy.deepcopy(s.state_dict()) for s in scalers]
     rng = capture_rng()
+    weights_back = set_aside(model)
 
     def put_back() -> None:
-        model.load_state_dict(weights, strict=True)
+        weights_back()
         if opt is not None and state is not None:
             opt.state.clear()
             opt.state.update(state)
