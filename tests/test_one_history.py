@@ -302,3 +302,28 @@ def test_the_doctor_names_a_history_held_by_another_session_before_any_command(i
     finding = found["history-elsewhere"]
     assert finding.subject == "net" and f"Session created at {__file__}:" in finding.message
     assert "history-elsewhere" not in {f.check for f in tm.doctor().findings}  # its own
+
+
+def test_a_blank_notebook_sessions_first_command_holds_the_shared_lock(ip):
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm = Session(model, opt)
+    tm.freeze("layer1")
+    ip.user_ns.update(net=model, opt=opt)
+    held: list[bool] = []
+    lock = tm._history.lock
+    real_acquire = lock.acquire
+
+    def acquire(*args, **kwargs):  # records whose lock the command takes
+        held.append(True)
+        return real_acquire(*args, **kwargs)
+
+    tm._history.lock = type(
+        "Spy", (), {"acquire": staticmethod(acquire), "release": lock.release}
+    )()
+    try:
+        _magic(ip, "freeze net.layer2")  # the notebook's first command
+    finally:
+        tm._history.lock = lock
+    assert loaded(ip).session._history is tm._history and held
+    assert [e.modules for e in tm.history()] == [("layer1",), ("layer2",)]

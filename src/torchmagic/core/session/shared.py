@@ -74,9 +74,13 @@ def exclusive(session: Session, busy: str = "") -> Iterator[None]:
     """Hold the session's history for a command (re-entrant: a fit's own unfreezing
     runs inside it); ``busy``: what runs, for as long as a fit, so that other threads'
     commands are refused instead of waiting for it. A blank session first takes the
-    history of its models, so that its first command already holds the right lock."""
+    history of the models bound to its variables (a lookup each, no walk: a hand-written
+    loop's ``step`` comes here every batch), so that its first command already holds the
+    right lock."""
     if session._history.blank():
-        join_models(session)
+        for name, value in session.workspace.items():
+            if isinstance(value, nn.Module):
+                join(session, unwrap(value), name)
     history = session._history
     _acquire(history)
     marked = bool(busy) and not history.busy
