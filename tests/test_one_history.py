@@ -165,6 +165,7 @@ def test_undo_takes_only_the_sessions_own_models(notebook):
     tm.undo()  # net's freeze, not b's
     assert all(p.requires_grad for p in model.parameters())
     assert not any(p.requires_grad for p in b.layer1.parameters())
+    assert other.history()  # b's stays where it was
 
 
 def test_a_command_waits_for_another_threads_command(notebook):
@@ -327,3 +328,18 @@ def test_a_blank_notebook_sessions_first_command_holds_the_shared_lock(ip):
         tm._history.lock = lock
     assert loaded(ip).session._history is tm._history and held
     assert [e.modules for e in tm.history()] == [("layer1",), ("layer2",)]
+
+
+def test_undo_is_not_refused_for_another_model_whose_history_is_elsewhere():
+    a, b = _net(), _net()
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+    other = Session(b, opt_b)
+    other.freeze("layer1")  # b's history is that Session's
+    tm = Session(namespace={"a": a, "opt_a": opt_a})
+    tm.freeze("a.layer1")  # this session has commands of its own
+    tm.workspace.namespace.update(b=b, opt_b=opt_b)  # and b is bound here too
+    tm.undo()  # a's freeze: b's history has nothing to do with it
+    assert all(p.requires_grad for p in a.parameters())
+    assert not any(p.requires_grad for p in b.layer1.parameters())
+    assert other.history()  # b's stays where it was

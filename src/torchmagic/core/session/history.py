@@ -17,7 +17,7 @@ from ..surgery.edits import BoundModel
 from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
-from . import invariants, shared
+from . import invariants
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -66,7 +66,6 @@ def _stale(session: Session, record: Record) -> str:
 
 def undo(session: Session) -> Change:
     """Revert the newest command still applying to a bound model, atomically."""
-    shared.join_models(session)
     session.prune_history()
     record = session._history.newest(_seen_by(session))
     _refuse_undo(session, record)

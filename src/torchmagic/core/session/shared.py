@@ -62,25 +62,24 @@ def join(session: Session, model: nn.Module, name: str) -> None:
     session._history = theirs
 
 
-def join_models(session: Session) -> None:
-    """:func:`join` for every model the session's namespace binds (before an undo, which
-    names no model)."""
-    for name, model in session.workspace.models().items():
-        join(session, unwrap(model), name)
+def adopt(session: Session) -> None:
+    """A blank session takes the history of the models bound to its variables (a lookup
+    each, no walk: a hand-written loop's ``step`` comes here every batch); it never
+    refuses, having no commands of its own."""
+    if session._history.blank():
+        for name, value in session.workspace.items():
+            if isinstance(value, nn.Module):
+                join(session, unwrap(value), name)
 
 
 @contextmanager
 def exclusive(session: Session, busy: str = "") -> Iterator[None]:
     """Hold the session's history for a command (re-entrant: a fit's own unfreezing
     runs inside it); ``busy``: what runs, for as long as a fit, so that other threads'
-    commands are refused instead of waiting for it. A blank session first takes the
-    history of the models bound to its variables (a lookup each, no walk: a hand-written
-    loop's ``step`` comes here every batch), so that its first command already holds the
-    right lock."""
-    if session._history.blank():
-        for name, value in session.workspace.items():
-            if isinstance(value, nn.Module):
-                join(session, unwrap(value), name)
+    commands are refused instead of waiting for it. A blank session first takes its
+    models' history (:func:`adopt`), so that its first command (an undo too, which names
+    no model) already holds the right lock."""
+    adopt(session)
     history = session._history
     _acquire(history)
     marked = bool(busy) and not history.busy

@@ -114,7 +114,7 @@ class History:
         self._applied: list[Record] = []  # every command not undone, past limits and clear
         self.owner = owner  # who made it, as a refusal names it ("the notebook's magics")
         self.lock = threading.RLock()  # held by every command, undo and fit on its models
-        self.busy = ""  # what holds the lock for long ("%fit of 'model'"): others refuse
+        self.busy = ""  # what holds the lock for long ("a fit"): other threads are refused
 
     def touches(self, model: nn.Module) -> bool:
         """Whether a command on ``model`` is in this history (listed or still applied)."""
