@@ -61,6 +61,15 @@ def _consistent(model: nn.Module, opt: torch.optim.Optimizer) -> None:
         assert (id(p) in held) == p.requires_grad, name
 
 
+def _python_session() -> tuple[nn.Module, torch.optim.Optimizer, Session]:
+    """A script's Session on a model of its own, with one command in its history."""
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm = Session(model, opt)
+    tm.freeze("layer1")
+    return model, opt, tm
+
+
 @pytest.fixture
 def notebook(ip):
     model = _net()
@@ -131,10 +140,7 @@ def test_a_second_session_with_its_own_commands_is_refused_by_name(notebook):
 
 
 def test_the_refusal_names_the_python_session_that_owns_the_history(ip):
-    model = _net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tm = Session(model, opt)
-    tm.freeze("layer1")  # the Session's history holds the model
+    model, opt, tm = _python_session()  # the Session's history holds the model
     ip.user_ns.update(spare=_net())
     _magic(ip, "freeze spare.layer1")  # the notebook's own history is no longer blank
     ip.user_ns.update(net=model, opt=opt)
@@ -145,10 +151,7 @@ def test_the_refusal_names_the_python_session_that_owns_the_history(ip):
 
 
 def test_a_blank_notebook_session_takes_the_python_sessions_history(ip):
-    model = _net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tm = Session(model, opt)
-    tm.freeze("layer1")
+    model, opt, tm = _python_session()
     ip.user_ns.update(net=model, opt=opt)
     _magic(ip, "tm undo")  # the notebook's first command: the Session's freeze undone
     assert loaded(ip).session._history is tm._history
@@ -291,10 +294,7 @@ def test_the_registry_of_histories_keeps_neither_a_model_nor_its_history_alive()
 
 
 def test_the_doctor_names_a_history_held_by_another_session_before_any_command(ip):
-    model = _net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tm = Session(model, opt)
-    tm.freeze("layer1")
+    model, opt, tm = _python_session()
     ip.user_ns.update(spare=_net())
     _magic(ip, "freeze spare.layer1")  # the notebook's history has its own commands
     ip.user_ns.update(net=model, opt=opt)
@@ -305,10 +305,7 @@ def test_the_doctor_names_a_history_held_by_another_session_before_any_command(i
 
 
 def test_a_blank_notebook_sessions_first_command_holds_the_shared_lock(ip):
-    model = _net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tm = Session(model, opt)
-    tm.freeze("layer1")
+    model, opt, tm = _python_session()
     ip.user_ns.update(net=model, opt=opt)
     held: list[bool] = []
     lock = tm._history.lock
