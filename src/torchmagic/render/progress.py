@@ -95,13 +95,14 @@ class BarLine(OwnHtml):
             yield Text(self.words)
             return
         width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, options.max_width - len(self.words) - 1))
-        filled = round(width * min(max(self.fraction, 0.0), 1.0))
-        yield Text.assemble(
-            ("━" * filled, theme.style("bar_done")),
-            ("─" * (width - filled), theme.style("bar_todo")),  # thin: tells apart uncoloured
-            " ",
-            self.words,
-        )
+        yield Text.assemble(*self._bar(width), " ", self.words)
+
+    def _bar(self, width: int) -> list[Text]:
+        """The bar ``width`` wide: its done and to-do parts (the thin to-do line tells
+        them apart uncoloured), the empty ones left out."""
+        filled = round(width * min(max(self.fraction or 0.0, 0.0), 1.0))
+        parts = ((filled, "━", "bar_done"), (width - filled, "─", "bar_todo"))
+        return [Text(char * n, style=theme.style(name)) for n, char, name in parts if n]
 
     def html(self) -> str:
         """One flex row: the done and to-do parts of the bar shrink by the same ratio,
@@ -109,15 +110,10 @@ class BarLine(OwnHtml):
         words = html_text(Text(self.words))
         bar = ""
         if self.fraction is not None:
-            filled = round(BAR_WIDTH * min(max(self.fraction, 0.0), 1.0))
             parts = "".join(
-                f'<span style="flex:0 1 {n}ch;min-width:0;overflow:hidden">'
-                f"{html_text(Text(char * n, style=theme.style(name)))}</span>"
-                for n, char, name in (
-                    (filled, "━", "bar_done"),
-                    (BAR_WIDTH - filled, "─", "bar_todo"),
-                )
-                if n
+                f'<span style="flex:0 1 {len(part)}ch;min-width:0;overflow:hidden">'
+                f"{html_text(part)}</span>"
+                for part in self._bar(BAR_WIDTH)
             )
             bar = (
                 f'<span style="display:flex;flex:0 1 {BAR_WIDTH}ch;min-width:{MIN_BAR_WIDTH}ch;'
