@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..modules import unwrap
+from ..surgery.history import History
 from ..tensors import leaves, optimizer_params, owners
 from ..workspace import Workspace
 from .compiled import CompileWatch
@@ -58,8 +59,7 @@ class DoctorContext:
     replaced_heads: Container[str]  # models whose head the session replaced
     fits: Sequence[object]  # the session's runs, the newest last
     pinbench: object | None  # the last pinbench report
-    # model name → who holds its undo history, where this session cannot take it
-    histories_elsewhere: Mapping[str, str]
+    history: History | None  # the session's undo history
 
     @property
     def trained(self) -> dict[str, nn.Module]:
@@ -78,7 +78,7 @@ def gather(
     replaced_heads: Container[str],
     fits: Sequence[object],
     pinbench: object | None,
-    histories_elsewhere: Mapping[str, str],
+    history: History | None,
 ) -> DoctorContext:
     """The context of one scan: the session's scaler and AMP policy's scaler join those
     bound in the namespace."""
@@ -103,7 +103,7 @@ def gather(
         replaced_heads,
         fits,
         pinbench,
-        histories_elsewhere,
+        history,
     )
 
 

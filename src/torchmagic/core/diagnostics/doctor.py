@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..surgery.history import History
 from ..workspace import Workspace
 from .checks import GROUPS
 from .compiled import CompileWatch
@@ -40,7 +41,7 @@ def diagnose(
     replaced_heads: Container[str] = (),
     fits: Sequence[object] = (),
     pinbench: object | None = None,
-    histories_elsewhere: Mapping[str, str] | None = None,
+    history: History | None = None,
 ) -> DoctorReport:
     """Run every check over the namespace and the session's state: its AMP policy and
     scaler, its device (models being trained elsewhere are named) and its
@@ -51,8 +52,8 @@ def diagnose(
     member, a ``WeightsInfo`` or a ``LoadedModel``); ``replaced_heads``: models whose head
     the session replaced; ``fits``: the session's runs (the last one's data wait is
     judged); ``pinbench``: the last pinbench report, quoted in the remedies;
-    ``histories_elsewhere``: model name → the session holding its undo history, where the
-    scanning session's commands on it would be refused."""
+    ``history``: the session's undo history (a model whose history another session holds
+    is named: this one's commands on it would be refused)."""
     context = gather(
         Workspace(namespace, hidden),
         amp=amp,
@@ -63,7 +64,7 @@ def diagnose(
         replaced_heads=replaced_heads,
         fits=fits,
         pinbench=pinbench,
-        histories_elsewhere=histories_elsewhere or {},
+        history=history,
     )
     findings = sorted(run(GROUPS, context), key=lambda f: SEVERITIES.index(f.severity))
     if compile_watch is not None:

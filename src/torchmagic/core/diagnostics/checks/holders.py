@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ...integrations import discovery
+from ...surgery.history import history_of
 from ..context import DoctorContext, ModelEntry
 from ..findings import Finding
 from ..registry import CheckGroup
@@ -52,15 +53,19 @@ def holders(context: DoctorContext) -> Iterator[Finding]:
 
 @checks.each_model
 def history_elsewhere(context: DoctorContext, model: ModelEntry) -> Iterator[Finding]:
-    """A model whose undo history another session holds: this one's commands on it are
-    refused (one model, one history)."""
-    owner = context.histories_elsewhere.get(model.name)
-    if owner is not None:
+    """A model whose undo history another session holds while this one has commands of
+    its own: this one's commands on it are refused (one model, one history; a blank
+    session would take it, see ``core.session.shared``)."""
+    mine = context.history
+    if mine is None or mine.blank():
+        return
+    theirs = history_of(model.module)
+    if theirs is not None and theirs is not mine:
         yield Finding(
             "history-elsewhere",
             "warning",
             model.name,
-            f"its undo history is held by another torchmagic session, {owner}: this "
+            f"its undo history is held by another torchmagic session, {theirs.owner}: this "
             "session's commands on it are refused",
             "run them from that session, or give this one a model of its own",
         )
