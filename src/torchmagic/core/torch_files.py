@@ -32,4 +32,4 @@ def load_refusal(error: BaseException) -> str:
             f"the file holds Python objects or code{named}, which weights_only=True does "
             "not load; load it yourself only if you trust where it came from"
         )
-    return "it is not a readable torch file: truncated, or in another format"
+    return "it is not a readable torch file: damaged, truncated, or in another format"

@@ -7,12 +7,16 @@ import os
 import shutil
 import stat
 import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator
 
 import torch
 
 from .. import torch_files
 from ..errors import TorchMagicError
 from ..surgery.transaction import uninterrupted
+from . import integrity
 from .records import FORMAT, VERSION
 
 
@@ -35,7 +39,8 @@ def write(payload: dict, path: str | os.PathLike, *, sync: bool = False) -> int:
     try:
         _temporary(folder, path, made)
         temporary = made[0]
-        torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
+        with _crc32_on():
+            torch.save(payload, temporary)  # by name: torch's own file writer, no Python stream
         if sync:
             _fsync(temporary, os.O_RDONLY)
         os.replace(temporary, path)
@@ -99,6 +104,40 @@ def _write_failure(exc: BaseException, folder: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _crc32_on() -> Iterator[None]:
+    """torch's writer with its CRC-32s, which :func:`read` checks (a process may have
+    turned them off with ``torch.serialization.set_crc32_options``)."""
+    options = torch.serialization
+    if not hasattr(options, "get_crc32_options") or options.get_crc32_options():
+        yield
+        return
+    options.set_crc32_options(True)
+    try:
+        yield
+    finally:
+        options.set_crc32_options(False)
+
+
+def _zip_damage(path: str) -> str | None:
+    """Where the file's zip structure or one of its records that are not tensors (the
+    pickled structure, torch's version and byte-order records) fails its CRC-32, in words;
+    None when all hold. Tensor records are left to the digests, which cost one pass over
+    the weights where a CRC would cost another."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as record:  # checks the local header
+                    if "/data/" in f"/{info.filename}":
+                        continue
+                    crc = zlib.crc32(record.read())
+                if crc != info.CRC:
+                    return f"the file is damaged: its record '{info.filename}' fails its checksum"
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+        return f"the file is damaged: its zip structure is unreadable ({exc})"
+    return None
+
+
 def _fsync(path: str, flags: int) -> None:
     handle = os.open(path, flags)
     try:
@@ -109,13 +148,18 @@ def _fsync(path: str, flags: int) -> None:
 
 def read(path: str | os.PathLike) -> dict:
     """The checkpoint at ``path``, loaded with ``weights_only=True`` onto the CPU and
-    memory-mapped (weights are copied once, into the model; see :func:`_owned`); a file
-    that is missing, truncated, not torch's or not ours is refused in one line."""
+    memory-mapped (weights are copied once, into the model; see :func:`_owned`) and
+    verified, every byte, before any of it is used; a file that is missing, damaged,
+    truncated, not torch's or not ours is refused in one line."""
     path = os.path.expanduser(os.fspath(path))
     where = f"cannot resume from '{path}'"
     missing = torch_files.not_a_file(path)
     if missing is not None:
         raise TorchMagicError(f"{where}: {missing}", param="path")
+    if zipfile.is_zipfile(path):  # else torch's refusal says what it is
+        damaged = _zip_damage(path)
+        if damaged is not None:
+            raise TorchMagicError(f"{where}: {damaged}; nothing was changed", param="path")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001  # any file: torch raises many kinds
@@ -130,4 +174,7 @@ def read(path: str | os.PathLike) -> dict:
             f"reads version {VERSION})",
             param="path",
         )
+    damaged = integrity.damage(payload)
+    if damaged is not None:
+        raise TorchMagicError(f"{where}: {damaged}; nothing was changed", param="path")
     return payload

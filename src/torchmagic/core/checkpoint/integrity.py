@@ -5,13 +5,22 @@ as bytes, where the size is not a multiple of eight): one changed bit changes it
 costs one pass over memory (a CRC over the zip records costs more and names no tensor).
 They are written as one JSON text, which the unpickler reads as one string instead of
 five objects per tensor (6-10 ms of resnet50's resume); files written before hold a dict of
-32-bit word sums, still verified. Also checked: every optimizer state of ``torch.optim``
-has its parameter's shape."""
+32-bit word sums, still verified.
+
+Everything else in the file is covered too: a SHA-256 per top-level section (the model's
+structure and flags, the param groups and hyper-parameters, scheduler, scaler and RNG states,
+the history) over a canonical text of its values, in which each tensor stands as its shape,
+dtype and digest. So a changed value, a renamed key, or two same-shaped tensors swapped
+together with their digest entries is refused by the section it is in. (The zip records
+that are not tensors are checked against their CRC before the file is unpickled: see
+``files.read``.) Also checked: every optimizer state of ``torch.optim`` has its parameter's
+shape."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -59,26 +68,102 @@ def _record(tensor: torch.Tensor) -> list:
     return [list(tensor.shape), str(tensor.dtype), digest(tensor)]
 
 
+# what each top-level section of a file holds, as a refusal names it
+SECTIONS = {
+    "model": "the model's weights, structure or flags",
+    "optimizer": "the optimizer's param groups, hyper-parameters or state",
+    "schedulers": "the scheduler states",
+    "scaler": "the GradScaler state",
+    "rng": "the RNG states",
+    "history": "the history of commands",
+    "amp": "the AMP policy",
+}
+
+
+def _canonical(value: object, record: Callable[[torch.Tensor], list], out: list[str]) -> None:
+    """``value`` as text, one way only: type-tagged, dicts in their order, floats exact
+    (hex), tensors as their record."""
+    if isinstance(value, torch.Tensor):
+        out.append(f"t{json.dumps(record(value))}")
+    elif isinstance(value, Mapping):
+        out.append("{")
+        for key, item in value.items():
+            _canonical(key, record, out)
+            out.append(":")
+            _canonical(item, record, out)
+            out.append(",")
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[" if isinstance(value, list) else "(")
+        for item in value:
+            _canonical(item, record, out)
+            out.append(",")
+        out.append("]")
+    elif isinstance(value, bool) or value is None:
+        out.append(repr(value))
+    elif isinstance(value, int):
+        out.append(f"i{value}")
+    elif isinstance(value, float):
+        out.append(f"f{value.hex()}")
+    elif isinstance(value, str):
+        out.append(f"s{json.dumps(value)}")
+    else:  # dtypes, devices: whatever weights_only admits beside the above
+        out.append(f"o{type(value).__qualname__}:{value!r}")
+
+
+def section_digests(
+    payload: dict, record: Callable[[torch.Tensor], list] = _record
+) -> dict[str, str]:
+    """A SHA-256 of each top-level entry but the digests themselves."""
+    digests = {}
+    for key, value in payload.items():
+        if key == "digests":
+            continue
+        out: list[str] = []
+        _canonical(value, record, out)
+        digests[key] = hashlib.sha256("".join(out).encode()).hexdigest()
+    return digests
+
+
+def _memo(word_bytes: int) -> Callable[[torch.Tensor], list]:
+    """A tensor's record, each tensor digested once however often it is met."""
+    seen: dict[int, list] = {}
+
+    def record(tensor: torch.Tensor) -> list:
+        key = id(tensor)
+        if key not in seen:
+            seen[key] = [list(tensor.shape), str(tensor.dtype), digest(tensor, word_bytes)]
+        return seen[key]
+
+    return record
+
+
 def seal(payload: dict) -> None:
-    """Write the digests of ``payload``'s tensors into it (under ``"digests"``), with the
-    size of the words they sum."""
-    records = {name: _record(t) for name, t in _tensors(payload)}
-    payload["digests"] = json.dumps({"words": WORD_BYTES, "tensors": records})
+    """Write the digests of ``payload``'s tensors and sections into it (under
+    ``"digests"``), with the size of the words the tensors' sums use."""
+    record = _memo(WORD_BYTES)
+    records = {name: record(t) for name, t in _tensors(payload)}
+    sections = section_digests(payload, record)
+    payload["digests"] = json.dumps(
+        {"words": WORD_BYTES, "tensors": records, "sections": sections}
+    )
 
 
-def saved_digests(payload: dict) -> tuple[dict[str, list], int] | None:
-    """The file's digests by tensor name and the size of the words they sum; None for a
-    file without digests (written before them, or by another tool)."""
+def saved_digests(payload: dict) -> tuple[dict[str, list], int, dict[str, str] | None] | None:
+    """The file's digests by tensor name, the size of the words they sum and its section
+    digests (None in files written before them); None for a file without digests
+    (written before them, or by another tool)."""
     digests = payload.get("digests")
     if digests is None:
         return None
     if isinstance(digests, dict):  # written before the JSON text
-        return digests, 4
+        return digests, 4, None
     try:
         table = json.loads(digests)
-        return dict(table["tensors"]), int(table["words"])
-    except (TypeError, ValueError, KeyError):
-        return {}, 0  # refused by damage: no known word size
+        sections = table.get("sections")
+        return dict(table["tensors"]), int(table["words"]), None if sections is None else dict(sections)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return {}, 0, None  # refused by damage: no known word size
 
 
 def damage(payload: dict) -> str | None:
@@ -87,9 +172,10 @@ def damage(payload: dict) -> str | None:
     saved_table = saved_digests(payload)
     if saved_table is None:
         return None
-    digests, word_bytes = saved_table
+    digests, word_bytes, sections = saved_table
     if word_bytes not in _WORDS:
         return "its digests are not readable by this torchmagic"
+    record = _memo(word_bytes)
     for name, tensor in _tensors(payload):
         saved = digests.get(name)
         if saved is None:
@@ -100,14 +186,23 @@ def damage(payload: dict) -> str | None:
                 f"{name} is {list(tensor.shape)} {tensor.dtype} in the file, "
                 f"{shape} {dtype} when it was saved"
             )
-        if digest(tensor, word_bytes) != value:
+        if record(tensor)[2] != value:
             odd = ""
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 odd = " (it now holds NaN or inf)"
             return f"{name} was damaged after the save: its digest differs{odd}"
     present = {n for n, _ in _tensors(payload)}
     missing = next((n for n in digests if n not in present), None)
-    return None if missing is None else f"{missing} is missing from the file"
+    if missing is not None:
+        return f"{missing} is missing from the file"
+    if sections is None:  # written before section digests
+        return None
+    live = section_digests(payload, record)
+    for key in {**sections, **live}:
+        if sections.get(key) != live.get(key):
+            what = SECTIONS.get(key, f"its '{key}' entry")
+            return f"the file is damaged: {what} differ from what was saved"
+    return None
 
 
 def state_shape_mismatch(
