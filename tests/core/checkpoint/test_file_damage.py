@@ -58,7 +58,9 @@ def _outcome(path) -> str | None:
         torchmagic.resume(path, model, opt, [sched])
     except TorchMagicError as exc:
         assert_same(before[0], snapshot(model, opt))
-        assert equal(before[1], sched.state_dict()) and torch.equal(before[2], torch.get_rng_state())
+        assert equal(before[1], sched.state_dict()) and torch.equal(
+            before[2], torch.get_rng_state()
+        )
         message = str(exc)
         assert "\n" not in message and message.startswith("cannot resume from"), message
         return message

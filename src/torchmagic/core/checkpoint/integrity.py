@@ -144,9 +144,7 @@ def seal(payload: dict) -> None:
     record = _memo(WORD_BYTES)
     records = {name: record(t) for name, t in _tensors(payload)}
     sections = section_digests(payload, record)
-    payload["digests"] = json.dumps(
-        {"words": WORD_BYTES, "tensors": records, "sections": sections}
-    )
+    payload["digests"] = json.dumps({"words": WORD_BYTES, "tensors": records, "sections": sections})
 
 
 def saved_digests(payload: dict) -> tuple[dict[str, list], int, dict[str, str] | None] | None:
@@ -161,7 +159,11 @@ def saved_digests(payload: dict) -> tuple[dict[str, list], int, dict[str, str] |
     try:
         table = json.loads(digests)
         sections = table.get("sections")
-        return dict(table["tensors"]), int(table["words"]), None if sections is None else dict(sections)
+        return (
+            dict(table["tensors"]),
+            int(table["words"]),
+            None if sections is None else dict(sections),
+        )
     except (TypeError, ValueError, KeyError, AttributeError):
         return {}, 0, None  # refused by damage: no known word size
 
