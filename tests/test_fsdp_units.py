@@ -230,13 +230,31 @@ def test_a_wrapper_made_after_the_session_is_guarded_until_rewrap(group):
     ddp = nn.parallel.DistributedDataParallel(model)
     (note,) = tm.freeze("0").effect.notes
     assert "the session was not given" in note
-    with pytest.raises(torchmagic.TorchMagicError, match="trainable parameters changed"):
+    with pytest.raises(torchmagic.TorchMagicError, match="trainable parameters changed") as info:
         ddp(torch.randn(2, 8))
+    # the call it names works as written: the wrapper's variable, never the module's
+    assert "ddp_model = torchmagic.rewrap(ddp_model)" in str(info.value)
     with torch.no_grad():
         ddp(torch.randn(2, 8))
     ddp = torchmagic.rewrap(ddp)
     ddp(torch.randn(2, 8)).sum().backward()
     assert model[0].weight.grad is None and model[2].weight.grad is not None
+
+
+def test_the_refused_forward_names_the_wrapper_variable(group):
+    model = net()
+    namespace = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    namespace["wrapped"] = nn.parallel.DistributedDataParallel(model)
+    tm = torchmagic.Session(namespace=namespace)
+    tm.freeze("model.0")
+    with pytest.raises(torchmagic.TorchMagicError) as info:
+        namespace["wrapped"](torch.randn(2, 8))
+    assert "wrapped = torchmagic.rewrap(wrapped)" in str(info.value)
+    rewrapped = torchmagic.rewrap(namespace["wrapped"])
+    tm.unfreeze("model.0")
+    with pytest.raises(torchmagic.TorchMagicError) as again:
+        rewrapped(torch.randn(2, 8))
+    assert "wrapped = torchmagic.rewrap(wrapped)" in str(again.value)
 
 
 def test_outside_a_process_group_no_object_is_scanned(monkeypatch):

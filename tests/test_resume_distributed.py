@@ -216,6 +216,7 @@ def test_surgery_after_wrapping_refuses_the_old_wrapper_until_rewrap(ranks):
         assert note.startswith("a DistributedDataParallel the session was not given wraps it")
         assert "ddp_model = torchmagic.rewrap(ddp_model)" in note
         assert "\n" not in run["refusal"] and "trainable parameters changed" in run["refusal"]
+        assert "ddp_model = torchmagic.rewrap(ddp_model)" in run["refusal"]
         assert run["unchanged"]
         assert run["groups"] == [4, 2]
 

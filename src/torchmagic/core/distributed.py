@@ -34,6 +34,7 @@ from .modules import unwrap, walk, wrapper_chain
 
 _TRAINABLE = "_torchmagic_trainable"  # the parameters a DDP's reducer was built for
 _RETIRED = "_torchmagic_retired"  # set on a wrapper rewrap has replaced
+_VARIABLE = "_torchmagic_variable"  # the variable that binds a wrapper, for the refusal
 _MIB = 1024 * 1024
 # commands that put new layers into the model (what a fully_shard model cannot take)
 _NEW_LAYERS = {
@@ -82,6 +83,8 @@ def rewrap(ddp_model: DistributedDataParallel) -> DistributedDataParallel:
         new.register_comm_hook(state, hook)
     _retire(ddp_model)
     _arm(new)
+    if _VARIABLE in ddp_model.__dict__:
+        new.__dict__[_VARIABLE] = ddp_model.__dict__[_VARIABLE]
     return new
 
 
@@ -106,6 +109,7 @@ def check_surgery(
     notes = []
     for name, ddp in ddps:
         _arm(ddp, keep=True)
+        ddp.__dict__[_VARIABLE] = name or ddp.__dict__.get(_VARIABLE) or "ddp_model"
         if name is None:
             name, held = "ddp_model", "a DistributedDataParallel the session was not given wraps it"
         else:
@@ -183,10 +187,12 @@ def _refuse_stale_forward(ddp: DistributedDataParallel, _inputs: tuple) -> None:
         torch.is_grad_enabled()
         and _reducer_parameters(ddp).keys() != ddp.__dict__[_TRAINABLE].keys()
     ):
+        name = ddp.__dict__.get(_VARIABLE, "ddp_model")
         raise TorchMagicError(
             "the trainable parameters changed since this DistributedDataParallel was built, "
             "so its gradients would no longer be averaged across ranks: make the same change "
-            "on every rank, then on each call model = torchmagic.rewrap(model)"
+            f"on every rank, then on each call {name} = torchmagic.rewrap({name}) (the "
+            "wrapper, not the module it wraps)"
         )
 
 
