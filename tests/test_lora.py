@@ -497,3 +497,23 @@ def test_an_ema_copy_gets_the_same_adapters_and_merges_with_the_model():
     tm.undo()  # the adapters, in both
     assert isinstance(ema.module.blocks[0].attn.qkv, nn.Linear)
     assert [n for n, _ in ema.module.named_parameters()] == [n for n, _ in vit().named_parameters()]
+
+
+def test_a_grouped_convolution_is_refused_in_one_line_unless_its_groups_divide_the_rank():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3, groups=4), nn.Flatten(), nn.Linear(8 * 4 * 4, 2)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    before = snapshot(model, opt)
+    tm = Session(model, opt)
+    with pytest.raises(ValueError) as refused:
+        tm.lora("1", r=2)
+    message = str(refused.value)
+    assert "\n" not in message and "groups=4" in message and "r=4" in message
+    assert same(snapshot(model, opt), before) and not tm.history()
+    # the rank peft accepts: the same layer as peft builds it by hand
+    tm.lora("1", r=4)
+    assert type(model[1]).__name__ == "Conv2d" and model[1].lora_A["default"].weight.shape[0] == 4

@@ -183,6 +183,7 @@ def add(
             param="lr",
         )
     layers = targets(selection)
+    _check_groups(layers, options.r)
     adapter = peft.adapter_name(target.model)
     made = [(name, base, peft.make_lora_layer(base, adapter, options)) for name, base in layers]
     bases = unique_parameters(base for _, base, _ in made)
@@ -216,6 +217,20 @@ def add(
         *later,
     )
     return Effect(tuple(n for n, _, _ in made), _numel(adapters), freed, notes=notes)
+
+
+def _check_groups(layers: Sequence[tuple[str, nn.Module]], r: int) -> None:
+    """peft adapts a grouped convolution only with a rank its groups divide; refused
+    before peft raises, by name, with the ranks that work."""
+    for name, layer in layers:
+        groups = getattr(layer, "groups", 1)
+        if isinstance(layer, nn.modules.conv._ConvNd) and groups > 1 and r % groups:
+            raise TorchMagicError(
+                f"{name} is a {_kind(layer)} with groups={groups}: peft's LoRA takes it only "
+                f"with a rank that is a multiple of {groups} (r is {r}); choose r={groups} "
+                "or leave this layer out",
+                param="r",
+            )
 
 
 def _variant(options: LoraOptions) -> str:
