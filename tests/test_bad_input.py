@@ -45,7 +45,9 @@ BAD = [
     ("gpumem", "estimate --input-shape 99999999999999999999,3", "positive integers"),
     ("fit", "pairs", "train"),
     ("fit", "model", "train"),
-    ("freeze", "layer1-30000000", "no module 'layer1-30000000'"),
+    ("freeze", "layer1-30000000", "layer3-30000000 do not exist, layer1-2 do"),
+    ("freeze", "layer1-9", "'layer1-9' reaches past what the model (Sequential) has: layer3-9"),
+    ("freeze", "modle.layer1", "did you mean the variable 'model'?"),
     ("freeze", "0-99999999999", "no module '0-99999999999'"),
     ("freeze", "layer1-" + "9" * 50, "too large"),
     ("freeze", "fc" + "0" * 5000, "no module"),
@@ -72,7 +74,7 @@ def test_a_huge_range_stops_at_the_real_children():
     segment = parse_segment("0-30000000", "0-30000000")
     names = segment.names()
     assert [next(names) for _ in range(4)] == ["0", "1", "2", "3"]  # lazily, one at a time
-    with pytest.raises(TorchMagicError, match="no module '0-30000000'"):
+    with pytest.raises(TorchMagicError, match="3-30000000 do not exist, 0-2 do"):
         Session(model, torch.optim.SGD(model.parameters(), lr=0.1)).freeze("0-30000000")
 
 

@@ -9,6 +9,7 @@ and a stale object is never edited.
 
 from __future__ import annotations
 
+import difflib
 import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -250,9 +251,21 @@ class Workspace:
             head = target.head
             if head is not None and head in self.namespace and head not in unwrap(model)._modules:
                 raise TorchMagicError(f"{self._not_a_model(head)} (in '{target.text}')")
+            if head is not None and not roots and head not in unwrap(model)._modules:
+                self._refuse_misspelt_variable(head, name, model)
         if len(relative) > 1:  # `model "*.bn*"`: a bare model name only sets the root
             relative = [t for t in relative if not t.is_whole] or relative[:1]
         return name, model, relative
+
+    def _refuse_misspelt_variable(self, head: str, name: str, model: nn.Module) -> None:
+        """``modle.layer1``: a first segment that is neither a variable nor a child of the
+        current model, but close to a model variable, names that variable."""
+        close = difflib.get_close_matches(head, list(self.models()), n=1, cutoff=0.75)
+        if close and close[0] not in unwrap(model)._modules:
+            raise TorchMagicError(
+                f"no variable or module '{head}' ('{name}' has no child '{head}'); "
+                f"did you mean the variable '{close[0]}'?"
+            )
 
     def _attribute_model(self, target: Target) -> tuple[str, Target] | None:
         """(path, rest) when ``target`` starts with the path of a model held in an

@@ -85,6 +85,48 @@ def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
     return child
 
 
+def _check_range(module: nn.Module, path: str, seg: Segment) -> None:
+    """``layer1-9`` on a ResNet: the part of the range that does not exist, and the part
+    that does. Counted over the real children, so a huge range costs what they do."""
+    assert seg.start is not None and seg.stop is not None
+    numbers = set()
+    for key in module._modules:
+        tail = key[len(seg.prefix) :] if key.startswith(seg.prefix) else ""
+        if tail.isdigit() and f"{seg.prefix}{int(tail)}" == key:
+            numbers.add(int(tail))
+    present = sorted(n for n in numbers if seg.start <= n <= seg.stop)
+    if not present or len(present) == seg.stop - seg.start + 1:
+        return  # all there, or none: the plain missing-name refusal says it
+    missing, edge = [], seg.start
+    for n in [*present, seg.stop + 1]:
+        if n > edge:
+            missing.append((edge, n - 1))
+        edge = n + 1
+    present_runs = [(n, n) for n in present]
+    gone = sum(b - a + 1 for a, b in missing)
+    raise TorchMagicError(
+        f"'{seg.text}' reaches past what {path or 'the model'} ({type(module).__name__}) has: "
+        f"{_spans(seg.prefix, missing)} {'does' if gone == 1 else 'do'} not exist, "
+        f"{_spans(seg.prefix, _merged(present_runs))} {'does' if len(present) == 1 else 'do'}"
+    )
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in runs:
+        if out and a == out[-1][1] + 1:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _spans(prefix: str, runs: list[tuple[int, int]]) -> str:
+    """``layer5-9``, or ``layer0, layer5-9``: each run of numbers as the grammar writes it."""
+    shown = [f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}" for a, b in runs[:4]]
+    return ", ".join(shown) + (", …" if len(runs) > 4 else "")
+
+
 def _first_keys(module: nn.Module) -> dict[int, str]:
     """The first name each child is registered under, by identity (a child registered
     twice is reached under its first name)."""
@@ -101,6 +143,8 @@ def _resolve_path(model: nn.Module, target: Target) -> list[tuple[str, nn.Module
     for seg in target.segments:
         nxt: list[tuple[str, nn.Module]] = []
         for path, module in found:
+            if seg.is_range:
+                _check_range(module, path, seg)
             keys: dict[int, str] | None = None  # built once per parent, not per child
             for name in seg.names():
                 child = _child(module, name, path, seg)
