@@ -252,7 +252,9 @@ def test_refuses_a_truncated_file(saved, tmp_path):
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     model, opt, sched = build_net()
     refused = _refused(cut, model, opt, [sched])
-    assert refused.endswith("it is not a readable torch file: damaged, truncated, or in another format")
+    assert refused.endswith(
+        "it is not a readable torch file: damaged, truncated, or in another format"
+    )
 
 
 def test_refuses_a_file_that_is_not_ours(tmp_path):
