@@ -172,6 +172,27 @@ def test_every_command_replays_in_a_fresh_process(tmp_path):
     assert theirs["history"] == [e.action for e in tm.history()]
 
 
+def test_a_loss_of_the_users_is_asked_for_in_the_marked_place(tmp_path):
+    net, opt, sched = build_net(seed=4)
+    ns = {"net": net, "opt": opt, "sched": sched, "train_loader": _loader()}
+    ns["criterion"] = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    tm = torchmagic.Session(namespace=ns)
+    tm.freeze("net.stem")
+    tm.fit("train_loader", epochs=1, loss="criterion")
+    tm.export(tmp_path / "job.py")
+    text = (tmp_path / "job.py").read_text()
+    assert "criterion    = ...  # the loss function tm.fit used" in text
+    assert "tm.fit(train_loader, epochs=1, loss=criterion)" in text
+    build = _BUILD.format(tests=str(TESTS)) + "criterion = torch.nn.CrossEntropyLoss()\n"
+    job = tmp_path / "filled.py"
+    job.write_text(filled(text, build))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    run = subprocess.run(
+        [sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_the_unfilled_skeleton_says_so(tmp_path):
     net, opt, _ = build_net()
     tm = torchmagic.Session(net, opt)

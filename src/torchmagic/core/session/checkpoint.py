@@ -27,6 +27,7 @@ from ..surgery import edits, scheduler_sync
 from ..surgery.grammar import parse_target
 from ..surgery.results import Replay
 from ..surgery.transaction import uninterrupted
+from ..training.fit_plan import LOSSES
 from . import distributed, names
 
 if TYPE_CHECKING:
@@ -161,9 +162,13 @@ def export(
     ]
     loaders: dict[str, str] = {}
     for _, before, _, call in fits:
-        loader_names = {k: str(v) for k, v in call.options if k in ("train", "val")}
-        loaders.update({v: f"batches for tm.{call.method} ({k})" for k, v in loader_names.items()})
-        steps.append(((before, 1), python_call(call, loader_names), ""))
+        bare = {k: str(v) for k, v in call.options if k in ("train", "val")}
+        loaders.update({v: f"batches for tm.{call.method} ({k})" for k, v in bare.items()})
+        loss = dict(call.options).get("loss")
+        if isinstance(loss, str) and loss not in LOSSES:  # a loss function of the user's
+            bare["loss"] = loss
+            loaders[loss] = f"the loss function tm.{call.method} used"
+        steps.append(((before, 1), python_call(call, bare), ""))
     steps.sort(key=lambda s: s[0])
     variables = [(target.model_name, type(target.model).__name__)]
     session_args = [target.model_name]
