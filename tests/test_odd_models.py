@@ -59,6 +59,55 @@ def test_freezing_a_tied_module_leaves_the_shared_weight_and_says_so():
     assert not any("tied" in n for n in both.effect.notes)
 
 
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.arange(8)[None], labels=torch.arange(8)[None]).loss.backward()
+    opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("alone", ["transformer.wte", "lm_head"])
+def test_gpt2s_tied_embedding_names_the_one_command_that_freezes_it(alone):
+    model, opt = _gpt2()
+    before = snapshot(model, opt)
+    with pytest.raises(TorchMagicError) as refused:
+        Session(model, opt).freeze(alone)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "freeze transformer.wte and lm_head in one command" in message or (
+        "freeze lm_head and transformer.wte in one command" in message
+    )
+    assert_same(before, snapshot(model, opt))
+    # the command it names works, and equals the same edit by hand
+    hand, hand_opt = _gpt2()
+    shared = hand.transformer.wte.weight
+    shared.requires_grad_(False)
+    for group in hand_opt.param_groups:
+        group["params"] = [p for p in group["params"] if p is not shared]
+    hand_opt.state.pop(shared, None)
+    Session(model, opt).freeze("transformer.wte", "lm_head")
+    assert not model.transformer.wte.weight.requires_grad
+    assert [p.requires_grad for p in model.parameters()] == [
+        p.requires_grad for p in hand.parameters()
+    ]
+    assert [len(g["params"]) for g in opt.param_groups] == [
+        len(g["params"]) for g in hand_opt.param_groups
+    ]
+    assert len(opt.state) == len(hand_opt.state)
+
+
 def test_unfreezing_a_tied_module_names_the_other_users():
     model, opt = _tied()
     tm = Session(model, opt)

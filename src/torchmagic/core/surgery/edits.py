@@ -187,7 +187,9 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         kept = {id(t.param) for t in tied}
         params = [p for p in params if id(p) not in kept]
     notes = tuple(
-        f"{t.describe()}: it keeps training (freeze {t.other_modules} too to stop it)" for t in tied
+        f"{t.describe()}: it keeps training (freeze {t.own_modules} and {t.other_modules} in "
+        "one command to stop it)"
+        for t in tied
     )
     if bn_policy == "frozen" and (kinds := batchnorm.held_instead(selection)):
         held_kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))

@@ -30,10 +30,19 @@ class Tie:
     @property
     def other_modules(self) -> str:
         """The other users by module name: ``embed`` for ``embed.weight``."""
-        return ", ".join(dict.fromkeys(n.rpartition(".")[0] or n for n in self.outside))
+        return _modules(self.outside)
+
+    @property
+    def own_modules(self) -> str:
+        """The edited modules that hold it, by name."""
+        return _modules(self.inside)
 
     def describe(self) -> str:
         return f"{self.inside[0]} is tied to {', '.join(self.outside)}"
+
+
+def _modules(names: Sequence[str]) -> str:
+    return ", ".join(dict.fromkeys(n.rpartition(".")[0] or n for n in names))
 
 
 def _names(model: nn.Module) -> dict[int, tuple[nn.Parameter, list[str]]]:
