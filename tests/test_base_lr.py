@@ -171,3 +171,54 @@ def test_discriminative_spread_values_are_bases():
     assert groups["body1"]["lr"] == pytest.approx(1e-4 * factor)
     assert groups["body2"]["lr"] == pytest.approx(1e-2 * factor)
     assert sched.base_lrs[-2:] == pytest.approx([1e-4, 1e-2])
+
+
+def _per_block_groups(model: nn.Module) -> torch.optim.Optimizer:
+    names = ["body1", "body2", "fc"]
+    return torch.optim.AdamW(
+        [{"params": list(getattr(model, n).parameters()), "name": n} for n in names], lr=LR
+    )
+
+
+def _steps(opt: torch.optim.Optimizer, sched, n: int) -> None:
+    for _ in range(n):
+        opt.step()
+        sched.step()
+
+
+def test_an_emptied_group_refilled_with_lr_follows_the_schedule_as_by_hand():
+    """Freeze all but the head (the block's own group is emptied, kept for the schedule),
+    then lr= refills that group: base X, lr now X times the schedule's factor, the same
+    ratio to the head at every step after, exactly as the same edit written by hand."""
+    model = tiny()
+    opt = _per_block_groups(model)
+    sched = S.CosineAnnealingLR(opt, T_max=10)
+    tm = Session(model, opt, schedulers=[sched])
+    tm.freeze(exclude=["fc"])
+    _steps(opt, sched, 3)
+    tm.unfreeze("body2", lr=X)
+
+    hand = tiny()
+    hand_opt = _per_block_groups(hand)
+    hand_sched = S.CosineAnnealingLR(hand_opt, T_max=10)
+    for name in ("body1", "body2"):
+        for p in getattr(hand, name).parameters():
+            p.requires_grad_(False)
+        hand_opt.param_groups[["body1", "body2"].index(name)]["params"] = []
+    _steps(hand_opt, hand_sched, 3)
+    group = hand_opt.param_groups[1]
+    group["params"] = list(hand.body2.parameters())
+    for p in group["params"]:
+        p.requires_grad_(True)
+    factor = hand_opt.param_groups[2]["lr"] / hand_sched.base_lrs[2]
+    group["initial_lr"], group["lr"] = X, X * factor
+    hand_sched.base_lrs[1] = X
+    hand_sched._last_lr = [g["lr"] for g in hand_opt.param_groups]
+
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in hand_opt.param_groups]
+    assert sched.base_lrs == hand_sched.base_lrs
+    assert opt.param_groups[1]["lr"] < X  # not X itself: the schedule has moved on
+    _steps(opt, sched, 4)
+    _steps(hand_opt, hand_sched, 4)
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in hand_opt.param_groups]
+    assert opt.param_groups[1]["lr"] / opt.param_groups[2]["lr"] == pytest.approx(X / LR)

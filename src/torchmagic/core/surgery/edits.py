@@ -445,7 +445,9 @@ def unfreeze(
         )
         for home, ps in moves:
             editor.join(home, ps)
-        for new in new_groups:
+        # read before any emptied group is refilled: one may be its own reference
+        factors = [scheduler_sync.present_factor(opt, schedulers, g.ref) for g in new_groups]
+        for new, factor in zip(new_groups, factors, strict=True):
             index = editor.add_group(
                 new.params,
                 name=new.name,
@@ -453,7 +455,9 @@ def unfreeze(
                 template=new.template,
                 weight_decay=weight_decay,
             )
-            scheduler_sync.follow(schedulers, opt, index, new.ref, new.base, refresh=False)
+            scheduler_sync.follow(
+                schedulers, opt, index, new.ref, new.base, refresh=False, factor=factor
+            )
         if new_groups:
             scheduler_sync.refresh_last_lrs(schedulers, opt)
     _set_requires_grad(all_params, True, tx)

@@ -326,6 +326,14 @@ def refresh_last_lrs(schedulers: Iterable[object], optimizer: torch.optim.Optimi
             setattr(s, _LAST_LR, list(lrs))
 
 
+def present_factor(
+    optimizer: torch.optim.Optimizer, schedulers: Iterable[object], index: int
+) -> float:
+    """Where group ``index``'s schedule stands: its lr now over its base lr."""
+    ref_base = base_lr(optimizer, list(schedulers), index)
+    return float(optimizer.param_groups[index]["lr"]) / ref_base if ref_base else 1.0
+
+
 def follow(
     schedulers: Iterable[object],
     optimizer: torch.optim.Optimizer,
@@ -333,6 +341,8 @@ def follow(
     ref: int,
     base: float,
     refresh: bool = True,
+    *,
+    factor: float | None = None,
 ) -> None:
     """Give group ``index`` (new or reused) the base lr ``base``, following group ``ref``.
 
@@ -340,14 +350,16 @@ def follow(
     schedule entry (the reference group's × base / reference base). Group dicts are
     restored by the optimizer snapshot; lists by :func:`snapshot`. ``refresh=False``
     leaves ``_last_lr`` to one :func:`refresh_last_lrs` after following many groups
-    (each refresh reads every group).
+    (each refresh reads every group). ``factor``: the reference's present factor, read
+    before ``index`` was refilled when that is the reference itself (an emptied group
+    taken back: its lr was just set, its schedule was not).
     """
     schedulers = list(schedulers)
     groups = optimizer.param_groups
     group, ref_group = groups[index], groups[ref]
     ref_base = base_lr(optimizer, schedulers, ref)
-    ref_lr = float(ref_group["lr"])
-    factor = ref_lr / ref_base if ref_base else 1.0
+    if factor is None:
+        factor = present_factor(optimizer, schedulers, ref)
     group["lr"] = base * factor
 
     def scaled(value: object) -> object:
