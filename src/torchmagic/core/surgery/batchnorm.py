@@ -2,7 +2,9 @@
 
 ``eval`` (default, Keras): the layer runs in inference mode and its running statistics
 stop moving, also after ``model.train()`` — a forward pre-hook puts it back in eval
-before every call. ``train`` (fastai): left alone. ``frozen`` (timm): BatchNorm2d is
+before every call. ``train`` (fastai's ``train_bn``): left alone, and the weights and
+biases of the normalization layers fastai names (BatchNorm, InstanceNorm, LayerNorm)
+keep training. ``frozen`` (timm): BatchNorm2d is
 swapped for torchvision's FrozenBatchNorm2d (other BatchNorm kinds, and layers without
 running statistics, fall back to ``eval``).
 """
@@ -22,6 +24,27 @@ from ..modules import is_batchnorm, is_frozen_batchnorm, parent_of
 from . import ties
 from .selection import Selection
 from .transaction import Transaction
+
+# the layers whose weights fastai's train_bn keeps training in frozen groups
+TRAINED_NORMS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.LayerNorm,
+)
+
+
+def trained_norms(selection: Selection) -> set[int]:
+    """Ids of the selection's parameters that the ``train`` policy keeps training."""
+    return {
+        id(p)
+        for m in selection.modules()
+        if isinstance(m, TRAINED_NORMS)
+        for p in m.parameters(recurse=False)
+    }
 
 
 def hold_in_eval(module: nn.Module, args: tuple) -> None:

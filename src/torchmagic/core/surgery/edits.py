@@ -191,6 +191,12 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         "one command to stop it)"
         for t in tied
     )
+    if bn_policy == "train" and (norms := batchnorm.trained_norms(selection)):
+        params = [p for p in params if id(p) not in norms]
+        notes += (
+            f"{len(norms)} normalization tensors keep training (BN policy train, as "
+            "fastai's train_bn)",
+        )
     if bn_policy == "frozen" and (kinds := batchnorm.held_instead(selection)):
         held_kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         notes += (f"--bn frozen swaps BatchNorm2d only: {held_kinds} held in eval instead",)
