@@ -59,7 +59,7 @@ def _record(tensor: torch.Tensor) -> list:
     return [list(tensor.shape), str(tensor.dtype), digest(tensor)]
 
 
-def seal(payload: dict) -> None:
+def write_digests(payload: dict) -> None:
     """Write the digests of ``payload``'s tensors into it (under ``"digests"``), with the
     size of the words they sum."""
     records = {name: _record(t) for name, t in _tensors(payload)}
