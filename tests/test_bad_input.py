@@ -1,4 +1,4 @@
-"""Bad input the fuzzer found giving tracebacks (issue 13.6): each is one UsageError line
+"""Bad input the fuzzer found giving tracebacks: each is one UsageError line
 and changes nothing."""
 
 from __future__ import annotations

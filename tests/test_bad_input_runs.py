@@ -1,4 +1,4 @@
-"""Bad input deep inside a run (issue 27.10): a label past the head's outputs at any batch
+"""Bad input deep inside a run: a label past the head's outputs at any batch
 is one line naming the label, the head's size and the fix; a count too large for torch is
 refused before anything runs (in fine_tune before its freeze is applied or recorded)."""
 

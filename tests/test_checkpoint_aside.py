@@ -1,4 +1,4 @@
-"""A load's weights set aside: each tensor gets new memory the load fills, and a failed
+"""A load's weights backed up: each tensor gets new memory the load fills, and a failed
 load gives it its old memory back (a pointer swap, the same Parameter objects), also when
 it fails half way through the swap; tensors that cannot be swapped so are copied."""
 
@@ -11,7 +11,7 @@ from torch import nn
 import torchmagic
 from snapshots import assert_same, snapshot
 from test_checkpoint import build_net, surgery
-from torchmagic.core.checkpoint import aside
+from torchmagic.core.checkpoint import weights_backup
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def _memory(model: nn.Module) -> list[tuple[str, int, int]]:
 
 
 def _interrupt_at(monkeypatch, calls: int) -> None:
-    """``torch.empty_like`` in the set-aside raises KeyboardInterrupt at its ``calls``-th
+    """``torch.empty_like`` in the backup raises KeyboardInterrupt at its ``calls``-th
     call (half of the tensors given new memory)."""
     original, count = torch.empty_like, [0]
 
@@ -40,13 +40,13 @@ def _interrupt_at(monkeypatch, calls: int) -> None:
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(aside.torch, "empty_like", empty_like)
+    monkeypatch.setattr(weights_backup.torch, "empty_like", empty_like)
 
 
 def test_the_put_back_gives_each_parameter_its_old_memory():
     model = build_net()[0]
     before, memory = snapshot(model), _memory(model)
-    put_back = aside.set_aside(model)
+    put_back = weights_backup.back_up_weights(model)
     moved = _memory(model)
     assert all(m[1] == b[1] and m[2] != b[2] for m, b in zip(moved, memory, strict=True))
     with torch.no_grad():
@@ -62,7 +62,7 @@ def test_an_interrupt_half_way_through_the_swap_puts_every_tensor_back(monkeypat
     before, memory = snapshot(model), _memory(model)
     _interrupt_at(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
-        aside.set_aside(model)
+        weights_backup.back_up_weights(model)
     assert _memory(model) == memory
     assert_same(before, snapshot(model))
 
@@ -76,7 +76,7 @@ def test_an_interrupted_swap_during_a_resume_leaves_the_state_and_a_retry_works(
     with pytest.raises(KeyboardInterrupt) as info:
         tm.load(path)
     monkeypatch.undo()
-    assert any(entry.name == "set_aside" for entry in info.traceback)  # in the swap
+    assert any(entry.name == "back_up_weights" for entry in info.traceback)  # in the swap
     assert_same(before, snapshot(model, opt))
     assert _memory(model) == memory and tm.history() == ()
     tm.load(path)  # the retry
@@ -104,7 +104,7 @@ class _OwnLoader(nn.Linear):
 def test_tensors_that_cannot_be_swapped_are_copied_and_loaded_back(module):
     model = nn.Sequential(module(), nn.Linear(3, 3))
     before, memory = snapshot(model), _memory(model)
-    put_back = aside.set_aside(model)
+    put_back = weights_backup.back_up_weights(model)
     assert _memory(model) == memory  # nothing moved: the load writes in place
     with torch.no_grad():
         model[0].weight.fill_(3.0)

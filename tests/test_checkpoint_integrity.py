@@ -207,7 +207,7 @@ def test_the_digest_is_the_word_sum_torch_gives(tensor, word_bytes):
 def _with_32_bit_digests(payload):
     """The payload as a save before the 64-bit sums wrote it: a dict of 32-bit sums."""
     del payload["digests"]
-    integrity.seal(payload)
+    integrity.write_digests(payload)
     digests, _, _ = integrity.saved_digests(payload)
     for name, tensor in integrity._tensors(payload):
         digests[name][2] = integrity.digest(tensor, 4)

@@ -1,4 +1,4 @@
-"""EMA copies matched by ownership, not architecture (issue 27.5): with two models of one
+"""EMA copies matched by ownership, not architecture: with two models of one
 architecture, each with its EMA copy, an edit of one edits only its own copies; a copy whose
 owner cannot be told refuses in one line and nothing changes."""
 

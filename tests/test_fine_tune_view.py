@@ -1,4 +1,4 @@
-"""What %fit / %fine_tune show while they run and after (issue 29 items 6 and 7): many
+"""What %fit / %fine_tune show while they run and after: many
 groups' lrs as the head's and a range, the head's lr, time and samples/s kept at a narrow
 width, one height across a run's close, fine_tune's freeze summary and first run in view
 while the second runs, and its chart drawing the runs one after the other."""

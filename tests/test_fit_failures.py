@@ -1,5 +1,5 @@
 """Training failures leave a clean state, and a fit that cannot train is refused before
-its first step (issue 13.4); the non-finite-loss stop without a per-step sync (issue 9.3)."""
+its first step; the non-finite-loss stop without a per-step sync."""
 
 import itertools
 import os

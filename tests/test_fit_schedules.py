@@ -1,4 +1,4 @@
-"""Each scheduler is stepped at the granularity its schedule counts (issue 7.5)."""
+"""Each scheduler is stepped at the granularity its schedule counts."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""No host sync per training step (issue 9.3): the loop reads its losses at check points
+"""No host sync per training step: the loop reads its losses at check points
 only. Counted on the CPU by patching every Tensor method that copies a value to Python."""
 
 import pytest

@@ -257,7 +257,7 @@ SEEDS = {
         "text --epochs 1",
         "table --max-steps 1",
         "pairs --accum 2",
-        "train_loader --max-steps 1 --loss model",  # issue 20: a TypeError on step 1
+        "train_loader --max-steps 1 --loss model",  # a TypeError on step 1
         "train_loader --max-steps 1 --loss mse",  # shapes that do not broadcast
     ],
     "lr_find": ["train_loader --steps 3", "train_loader --loss model", "train_loader --loss mse"],

@@ -1,4 +1,4 @@
-"""A head assigned by hand (``model.fc = nn.Linear(…)``, issue 29.11): the doctor says
+"""A head assigned by hand (``model.fc = nn.Linear(…)``): the doctor says
 what happened (the old head still in the optimizer, the new one in none) and offers the
 fix that keeps the optimizer's state, ``%unfreeze model.fc``, which puts the new head in
 the old head's groups exactly as the same edit written by hand does."""

@@ -1,6 +1,6 @@
-"""Objects that set lrs or trainability on their own (issue 27 item 4 and "unknown holders
-are named"): an ignite ParamScheduler refuses a new group by name, ignite's LRScheduler is
-seen through to its torch scheduler, Lightning's fine-tuning callbacks and skorch nets are
+"""Objects that set lrs or trainability on their own, and unknown holders named: an
+ignite ParamScheduler refuses a new group by name, ignite's LRScheduler is seen through
+to its torch scheduler, Lightning's fine-tuning callbacks and skorch nets are
 named at the command, any other object holding the model or its optimizer is named, and
 the doctor reports each before a command runs. Each case with the real library, compared
 with the same edit by hand or a one-line refusal after which nothing changed."""
@@ -196,7 +196,7 @@ def test_ignite_lr_scheduler_is_seen_through_and_kept_in_step():
     )
 
 
-# -- objects no room knows ------------------------------------------------------------
+# -- objects no integration knows -----------------------------------------------------
 
 
 class Callback:

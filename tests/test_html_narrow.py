@@ -1,4 +1,4 @@
-"""Issue 29.4: at a narrow output the HTML hides a table's least important columns where
+"""At a narrow output the HTML hides a table's least important columns where
 its text drawing does, names them, and scrolls each table in a block of its own.
 
 The browser applies the rules; here they are evaluated as it would (each

@@ -1,6 +1,6 @@
-"""The layers as DESIGN draws them, read from the source (the AST, nothing imported): no
-import circle among torchmagic's modules, and the magics reach into the engine only
-through what it exports for them."""
+"""The layers as docs/architecture.md draws them, read from the source (the AST, nothing
+imported): no import circle among torchmagic's modules, and the magics reach into the
+engine only through what it exports for them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Objects where they really live: Accelerate's wrappers, optimizers held as attributes
 (``learner.opt``), models reached through attribute paths, Lightning trainers between
-fits and EMA copies — each case of issue 18, with the real libraries, asserted on the live
-objects (every one failed before discovery walked beyond plain variables)."""
+fits and EMA copies, each with the real libraries, asserted on the live objects (every
+one failed before discovery walked beyond plain variables)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ from torch.autograd import grad_mode
 import torchmagic.core
 from snapshots import equal
 from torchmagic import Change, Session, render
+from torchmagic.core.registry import REGISTRY
 from torchmagic.core.surgery import optimizer_sync
 from torchmagic.core.surgery.transaction import Transaction, Uninterrupted, uninterrupted
 from torchmagic.magics.extension import loaded
@@ -189,7 +190,7 @@ _BN_ATTRIBUTES = ("eps", "momentum", "affine", "track_running_stats", "num_featu
 
 def state(w: World, labels: Labels) -> dict:
     names = {id(p): n for n, p in w.model.named_parameters()}
-    homes = optimizer_sync._HOMES.get(w.opt)
+    homes = REGISTRY.homes.get(w.opt)
     return {
         "params": [
             (n, labels.param(p, n), p.requires_grad, _clone(p), _clone(p.grad))

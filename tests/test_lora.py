@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from torch import nn
 
 from torchmagic import Session
-from torchmagic.core.integrations import peft as peft_room
+from torchmagic.core.integrations import peft as peft_integration
 from torchmagic.core.surgery.optimizer_sync import group_index
 from torchmagic.core.tensors import state_bytes
 
@@ -73,7 +73,7 @@ def same(a: dict, b: dict) -> bool:
 
 
 def adapters(model: nn.Module) -> list[nn.Parameter]:
-    return peft_room.adapters_of(model)
+    return peft_integration.adapters_of(model)
 
 
 def test_adding_keeps_outputs_and_changes_only_the_targeted_layers():
@@ -90,7 +90,7 @@ def test_adding_keeps_outputs_and_changes_only_the_targeted_layers():
     assert tm.history_bytes() == set_aside  # the adapters live in the model, not the log
     assert torch.equal(model(X), y0)
     qkv = model.blocks[0].attn.qkv
-    assert peft_room.is_lora_layer(qkv) and peft_room.rank(qkv) == 4
+    assert peft_integration.is_lora_layer(qkv) and peft_integration.rank(qkv) == 4
     for name, p in model.named_parameters():
         if ".base_layer." in name:
             assert not p.requires_grad
@@ -106,7 +106,7 @@ def test_adding_keeps_outputs_and_changes_only_the_targeted_layers():
     assert not any(id(p) in held for p in bases)
     assert not any(p in opt.state for p in bases)  # set aside
     tm.undo()
-    assert not peft_room.is_lora_layer(model.blocks[0].attn.qkv)
+    assert not peft_integration.is_lora_layer(model.blocks[0].attn.qkv)
     assert same(snapshot(model, opt), before)
 
 
@@ -297,10 +297,10 @@ def test_torchvision_convnet_layer4_convs():
         if isinstance(m, nn.Conv2d)
     ]
     assert change.effect.modules == tuple(f"layer4.{n}" for n in convs)
-    assert all(peft_room.is_lora_layer(net.get_submodule(f"layer4.{n}")) for n in convs)
+    assert all(peft_integration.is_lora_layer(net.get_submodule(f"layer4.{n}")) for n in convs)
     assert bn.requires_grad and torch.equal(net(x), y0)
     with torch.no_grad():
-        for p in peft_room.adapters_of(net):
+        for p in peft_integration.adapters_of(net):
             p.normal_(0, 0.01)
     adapted = net(x)
     tm = Session(net, opt)
@@ -342,14 +342,14 @@ def test_a_peft_model_gets_more_adapters():
     tm = Session(namespace={"model": model, "opt": opt})
     tm.lora("blocks.*.mlp.fc1", r=2)
     fc1 = base.blocks[0].mlp.fc1
-    assert peft_room.is_lora_layer(fc1) and fc1.active_adapters == ["default"]
+    assert peft_integration.is_lora_layer(fc1) and fc1.active_adapters == ["default"]
     assert torch.equal(model(X), y0)
     trainable, total = model.get_nb_trainable_parameters()
     assert tm.summary().counts.trainable == trainable
     with model.disable_adapter():  # peft's switch covers the new layers too
-        assert not any(peft_room.enabled(m) for _, m in peft_room.lora_layers(base))
+        assert not any(peft_integration.enabled(m) for _, m in peft_integration.lora_layers(base))
     tm.undo()
-    assert not peft_room.is_lora_layer(base.blocks[0].mlp.fc1)
+    assert not peft_integration.is_lora_layer(base.blocks[0].mlp.fc1)
 
 
 def test_fit_trains_bert_adapters_on_dict_batches():
@@ -376,10 +376,10 @@ def test_magics(ip):
     before = snapshot(model, opt)
     ip.user_ns.update(model=model, opt=opt)
     ip.run_line_magic("lora", '"blocks.*.attn.qkv" r=8 alpha=16 lr=1e-4')
-    assert peft_room.rank(model.blocks[1].attn.qkv) == 8
+    assert peft_integration.rank(model.blocks[1].attn.qkv) == 8
     assert opt.param_groups[-1]["name"] == "lora"
     ip.run_line_magic("lora", "off")
-    assert not peft_room.enabled(model.blocks[0].attn.qkv)
+    assert not peft_integration.enabled(model.blocks[0].attn.qkv)
     ip.run_line_magic("lora", "on")
     ip.run_line_magic("lora", "merge")
     assert type(model.blocks[0].attn.qkv) is nn.Linear
@@ -413,7 +413,7 @@ def test_bert_embeddings_are_adapted_and_merged_back():
     tm = Session(model, opt)
     tm.lora("bert.embeddings.word_embeddings", r=4, lr=1e-2)
     layer = model.bert.embeddings.word_embeddings
-    assert peft_room.is_lora_layer(layer) and torch.equal(model(input_ids=ids).logits, y0)
+    assert peft_integration.is_lora_layer(layer) and torch.equal(model(input_ids=ids).logits, y0)
     model.train()
     for _ in range(2):
         model(input_ids=ids).logits.logsumexp(-1).mean().backward()

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from torch import nn
 
 from torchmagic import Session
-from torchmagic.core.integrations import peft as peft_room
+from torchmagic.core.integrations import peft as peft_integration
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -110,18 +110,18 @@ def test_adapters_train_merge_and_undo_as_peft_does(build, targets, peft_targets
     model, opt, tm = ours(build, targets, **options)
     twin, twin_opt = theirs(build, peft_targets, **options)
     fresh_keys = list(build().state_dict())
-    adapted = [n for n, m in model.named_modules() if peft_room.is_lora_layer(m)]
+    adapted = [n for n, m in model.named_modules() if peft_integration.is_lora_layer(m)]
     assert adapted == [
         n
         for n, m in twin.base_model.model.named_modules()
-        if m is not None and peft_room.is_lora_layer(m)
+        if m is not None and peft_integration.is_lora_layer(m)
     ]
     # peft's count, and what %summary shows
     trainable, total = twin.get_nb_trainable_parameters()
     counts = tm.summary().counts
     assert (counts.trainable, counts.total) == (trainable, total)
     same_weights(model, twin)
-    assert {p.dtype for p in peft_room.adapters_of(model)} == {torch.float32}
+    assert {p.dtype for p in peft_integration.adapters_of(model)} == {torch.float32}
     train(model, opt)
     train(twin, twin_opt)
     same_weights(model, twin)
@@ -136,19 +136,21 @@ def test_adapters_train_merge_and_undo_as_peft_does(build, targets, peft_targets
         assert torch.equal(model.state_dict()[key], value), key
     assert torch.equal(logits(model), logits(merged))
     tm.undo()
-    assert [n for n, m in model.named_modules() if peft_room.is_lora_layer(m)] == adapted
+    assert [n for n, m in model.named_modules() if peft_integration.is_lora_layer(m)] == adapted
     for key, value in model.state_dict().items():
         assert torch.equal(value, trained[key]), key
     lora_group = opt.param_groups[-1]
-    assert {id(p) for p in lora_group["params"]} == {id(p) for p in peft_room.adapters_of(model)}
+    assert {id(p) for p in lora_group["params"]} == {
+        id(p) for p in peft_integration.adapters_of(model)
+    }
 
 
 def test_gpt2_conv1d_is_adapted_through_peft_linear_with_fan_in_fan_out():
     model, _, tm = ours(gpt2, "transformer.h.0.attn.c_attn")
     layer = model.transformer.h[0].attn.c_attn
     assert type(layer).__name__ == "Linear" and layer.fan_in_fan_out
-    assert type(peft_room.base_of(layer)).__name__ == "Conv1D"
-    assert not peft_room.is_lora_layer(model.transformer.h[1].attn.c_attn)
+    assert type(peft_integration.base_of(layer)).__name__ == "Conv1D"
+    assert not peft_integration.is_lora_layer(model.transformer.h[1].attn.c_attn)
     tm.merge_lora()
     conv = model.transformer.h[0].attn.c_attn
     assert type(conv) is transformers.pytorch_utils.Conv1D
@@ -157,16 +159,16 @@ def test_gpt2_conv1d_is_adapted_through_peft_linear_with_fan_in_fan_out():
 def test_suffixes_match_path_endings_and_a_list_is_the_same_call():
     model, opt, _ = ours(llama, "q_proj,v_proj")
     listed, listed_opt, _ = ours(llama, ["q_proj", "v_proj"])
-    names = [n for n, m in model.named_modules() if peft_room.is_lora_layer(m)]
+    names = [n for n, m in model.named_modules() if peft_integration.is_lora_layer(m)]
     assert names == [
         f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in ("q_proj", "v_proj")
     ]
-    assert [n for n, m in listed.named_modules() if peft_room.is_lora_layer(m)] == names
+    assert [n for n, m in listed.named_modules() if peft_integration.is_lora_layer(m)] == names
     for (n, a), (_, b) in zip(model.named_parameters(), listed.named_parameters(), strict=True):
         assert torch.equal(a, b) and a.requires_grad == b.requires_grad, n
     # a dotted ending: the path's last components
     dotted, _, _ = ours(llama, "self_attn.k_proj")
-    assert [n for n, m in dotted.named_modules() if peft_room.is_lora_layer(m)] == [
+    assert [n for n, m in dotted.named_modules() if peft_integration.is_lora_layer(m)] == [
         "model.layers.0.self_attn.k_proj",
         "model.layers.1.self_attn.k_proj",
     ]
@@ -231,8 +233,8 @@ def test_magics_take_peft_spelling_dora_and_rslora(ip):
     assert layer.use_dora["default"] and layer.use_rslora["default"]
     assert layer.scaling["default"] == 16 / 4**0.5
     ip.run_line_magic("lora", "c_fc,mlp.c_proj r=2")
-    assert peft_room.rank(model.transformer.h[0].mlp.c_proj) == 2
-    assert not peft_room.is_lora_layer(model.transformer.h[0].attn.c_proj)
+    assert peft_integration.rank(model.transformer.h[0].mlp.c_proj) == 2
+    assert not peft_integration.is_lora_layer(model.transformer.h[0].attn.c_proj)
     before = [(n, p.requires_grad) for n, p in model.named_parameters()]
     for line in ("c_atn", "c_fc,nothing", "attn.c_proj --dora=1"):
         with pytest.raises(UsageError) as refused:
@@ -241,7 +243,7 @@ def test_magics_take_peft_spelling_dora_and_rslora(ip):
     assert [(n, p.requires_grad) for n, p in model.named_parameters()] == before
     ip.run_line_magic("tm", "undo")
     ip.run_line_magic("tm", "undo")
-    assert not peft_room.lora_layers(model)
+    assert not peft_integration.lora_layers(model)
 
 
 def test_a_bitsandbytes_layer_is_refused_and_nothing_changes():
@@ -257,5 +259,5 @@ def test_a_bitsandbytes_layer_is_refused_and_nothing_changes():
     flags = [p.requires_grad for p in model.parameters()]
     with pytest.raises(ValueError, match="layers.1.self_attn.v_proj is a bitsandbytes Linear4bit"):
         tm.lora("q_proj,v_proj")
-    assert not peft_room.lora_layers(model) and type(attention.v_proj) is Linear4bit
+    assert not peft_integration.lora_layers(model) and type(attention.v_proj) is Linear4bit
     assert [p.requires_grad for p in model.parameters()] == flags and not tm.history()

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from torchmagic.core.integrations import peft as peft_room
+from torchmagic.core.integrations import peft as peft_integration
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -45,15 +45,15 @@ def test_a_70b_shaped_model_on_meta_is_adapted_and_undone_in_little_memory(ip):
     # the bound is 300 MiB; adapters made on the CPU and then moved (peft's way)
     # grew it by 124 MiB, made on the meta device by about 5
     assert grown < 64 * MiB, f"{grown / MiB:.0f} MiB"
-    layers = peft_room.lora_layers(model)
+    layers = peft_integration.lora_layers(model)
     assert len(layers) == 2 * LAYERS
-    adapters = peft_room.adapters_of(model)
+    adapters = peft_integration.adapters_of(model)
     assert all(p.is_meta and p.requires_grad for p in adapters)
     # q_proj: A hidden x r, B r x hidden; v_proj: A hidden x r, B r x kv
     assert sum(p.numel() for p in adapters) == LAYERS * R * (HIDDEN * 3 + KV)
     assert [p for p in model.parameters() if p.requires_grad] == adapters
     ip.run_line_magic("tm", "undo")  # the lora
-    assert not peft_room.lora_layers(model)
+    assert not peft_integration.lora_layers(model)
     assert [n for n, _ in model.named_parameters()] == names
     assert not any(p.requires_grad for p in model.parameters())
     ip.run_line_magic("tm", "undo")  # the freeze

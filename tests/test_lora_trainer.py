@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torchmagic import Session
-from torchmagic.core.integrations import peft as peft_room
+from torchmagic.core.integrations import peft as peft_integration
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -67,7 +67,7 @@ def by_hand(trainer: transformers.Trainer) -> None:
         group["params"] = [p for p in group["params"] if id(p) not in bases]
     for p in [p for p in opt.state if id(p) in bases]:
         del opt.state[p]
-    adapters = [p for layer in made for p in peft_room.adapter_parameters(layer)]
+    adapters = [p for layer in made for p in peft_integration.adapter_parameters(layer)]
     lr = opt.param_groups[0]["initial_lr"]
     opt.add_param_group({**opt.defaults, "params": adapters, "lr": lr, "initial_lr": lr})
     schedule = trainer.lr_scheduler
@@ -88,7 +88,7 @@ def test_lora_between_two_train_calls_trains_the_adapters_as_by_hand(tmp_path):
     assert change.effect.modules == tuple(TARGETS)
     by_hand(hand)
     inner = ours.optimizer.optimizer
-    adapters = peft_room.adapters_of(ours.model)
+    adapters = peft_integration.adapters_of(ours.model)
     assert [id(p) for p in inner.param_groups[-1]["params"]] == [id(p) for p in adapters]
     before = [p.detach().clone() for p in adapters]
     ours.train()
@@ -113,4 +113,4 @@ def test_before_the_first_train_the_command_says_what_trainer_builds(tmp_path, i
     assert f"has no optimizer yet: its train() builds {run.args.optim.value} (lr 0.001" in note
     run.train()
     built = [p for g in run.optimizer.optimizer.param_groups for p in g["params"]]
-    assert {id(p) for p in built} == {id(p) for p in peft_room.adapters_of(model)}
+    assert {id(p) for p in built} == {id(p) for p in peft_integration.adapters_of(model)}

@@ -1,4 +1,4 @@
-"""Notebook habits (issue 7.6): loss functions and transforms in the namespace, variables
+"""Notebook habits: loss functions and transforms in the namespace, variables
 bound to a model's blocks, commands run twice, undo, AMP before a model exists and on a
 CPU without bf16 instructions, and the bytes a traceback holds."""
 

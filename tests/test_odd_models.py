@@ -1,4 +1,4 @@
-"""Odd models (issue 13.5): tied weights, a BatchNorm used twice, BatchNorm without
+"""Odd models: tied weights, a BatchNorm used twice, BatchNorm without
 running statistics, lazy modules, TorchScript, LBFGS, hooks on a replaced head."""
 
 from __future__ import annotations

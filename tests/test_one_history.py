@@ -1,4 +1,4 @@
-"""One model, one history (issue 27.9): the notebook's magics and a Python ``Session`` on
+"""One model, one history: the notebook's magics and a Python ``Session`` on
 the same model share one undo history, a second session with commands of its own is
 refused by name, and commands from two threads on one model never interleave (a command
 waits for another, and is refused in one line while a fit runs)."""
@@ -65,7 +65,7 @@ def _python_session() -> tuple[nn.Module, torch.optim.Optimizer, Session]:
     """A script's Session on a model of its own, with one command in its history."""
     model = _net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tm = Session(model, opt)
+    tm = Session(model, opt, owner="train.py")
     tm.freeze("layer1")
     return model, opt, tm
 
@@ -146,7 +146,7 @@ def test_the_refusal_names_the_python_session_that_owns_the_history(ip):
     ip.user_ns.update(net=model, opt=opt)
     with pytest.raises(TorchMagicError) as refused:
         loaded(ip).session.freeze("net.layer2")
-    assert f"Session created at {__file__}:" in str(refused.value)
+    assert "another torchmagic session, train.py:" in str(refused.value)
     assert model.layer2.weight.requires_grad  # unchanged: still trainable
 
 
@@ -300,7 +300,7 @@ def test_the_doctor_names_a_history_held_by_another_session_before_any_command(i
     ip.user_ns.update(net=model, opt=opt)
     found = {f.check: f for f in loaded(ip).session.doctor().findings}
     finding = found["history-elsewhere"]
-    assert finding.subject == "net" and f"Session created at {__file__}:" in finding.message
+    assert finding.subject == "net" and "session, train.py:" in finding.message
     assert "history-elsewhere" not in {f.check for f in tm.doctor().findings}  # its own
 
 
@@ -339,3 +339,15 @@ def test_undo_is_not_refused_for_another_model_whose_history_is_elsewhere():
     assert all(p.requires_grad for p in a.parameters())
     assert not any(p.requires_grad for p in b.layer1.parameters())
     assert other.history()  # b's stays where it was
+
+
+def test_a_session_without_an_owner_is_named_by_the_model_it_was_given(ip):
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tm = Session(model, opt)
+    tm.freeze("layer1")  # its history holds the model while ``tm`` lives
+    ip.user_ns.update(spare=_net())
+    _magic(ip, "freeze spare.layer1")
+    ip.user_ns.update(net=model, opt=opt)
+    with pytest.raises(TorchMagicError, match="session, a Python Session on a Sequential:"):
+        loaded(ip).session.freeze("net.layer2")

@@ -1,4 +1,4 @@
-"""Every magic's typical mistakes (issue 29.9): one line, the problem and its fix, never
+"""Every magic's typical mistakes: one line, the problem and its fix, never
 the usage appended (``%magic?`` shows it); nothing changes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The live %fit view keeps one height in the browser too (issue 29.6), as a browser lays
+"""The live %fit view keeps one height in the browser too, as a browser lays
 its HTML out: a bar line never wraps (its bar gives way, in proportion) and the closed
 block's leading blank line survives HTML's rule that drops a newline right after <pre>.
 ``make ui-check`` measures the same in Chromium; this is the rule without one."""

@@ -1,4 +1,4 @@
-"""Issue 20: one clear line instead of a traceback, and training failures that leave
+"""One clear line instead of a traceback, and training failures that leave
 nothing behind. Every refusal here is one ``UsageError`` (a ``TorchMagicError`` in the
 engine) and changes nothing: weights, BatchNorm statistics, flags, optimizer groups and
 state, the session's runs and bindings."""

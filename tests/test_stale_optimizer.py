@@ -1,4 +1,4 @@
-"""A stale optimizer is refused, never used (issue 7.1, 13.5): one that holds none of the
+"""A stale optimizer is refused, never used: one that holds none of the
 model's current parameters — the model cell re-run but not the optimizer cell, or
 ``optimizer=NAME`` naming another model's optimizer."""
 
@@ -159,8 +159,7 @@ def test_the_first_command_after_a_rebind_names_the_left_over_optimizer():
 
 
 def test_a_named_optimizer_of_another_model_is_refused(resnet):
-    """Issue 13.5: ``--opt b`` where b trains another model would put layer4 in two
-    optimizers."""
+    """``--opt b`` where b trains another model would put layer4 in two optimizers."""
     other = nn.Linear(3, 3)
     a = torch.optim.SGD(resnet.parameters(), lr=0.1)
     b = torch.optim.SGD(other.parameters(), lr=0.1)

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "gpu_and_transfer_learning.ipynb"
 
-# The doctor checks that name issue 14's pitfalls, in the notebook's order: weights,
+# The doctor checks that name the tutorial's pitfalls, in the notebook's order: weights,
 # transforms and labels that must match; unregistered tensors; BatchNorm drift; measure
 # first (the loader sets the pace); the optimizer not seeing unfrozen parameters.
 PITFALL_CHECKS = (

@@ -272,7 +272,7 @@ def test_a_key_column_right_of_the_visible_output_fails_and_names_it():
     assert ui.hidden_keys(_table(keys, right=900.0)) == []
 
 
-# -- issue 29's check: fixes in view, numbers whole, scrollbars, progress heights ----------
+# -- the browser check: fixes in view, numbers whole, scrollbars, progress heights -------
 
 
 def _findings(*fixes: list[list[float]]) -> dict:

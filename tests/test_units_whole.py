@@ -1,4 +1,4 @@
-"""Issue 29.5 in text: a number is never split from its unit ("2.4" / "s", "17.4" /
+"""In text, a number is never split from its unit ("2.4" / "s", "17.4" /
 "GiB", "data wait 0" / "%", "27.2" / "samples/s"), at any width, in prose, in table
 cells and in the terminal's live drawing; the drawn text is the text given."""
 

@@ -1,4 +1,4 @@
-"""What the surgery and AMP commands say (issue 10.7, engine side): each message says what
+"""What the surgery and AMP commands say (engine side): each message says what
 happened, once, and nothing that did not happen."""
 
 from __future__ import annotations

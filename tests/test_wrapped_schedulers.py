@@ -1,4 +1,4 @@
-"""Schedulers built on a wrapped optimizer (issue 27, item 1): a schedule made after
+"""Schedulers built on a wrapped optimizer: a schedule made after
 ``accelerator.prepare`` on the ``AcceleratedOptimizer`` (as Accelerate's examples and
 ``transformers.Trainer`` do), itself prepared into an ``AcceleratedScheduler``, drives the
 optimizer inside. ``%unfreeze … lr=`` keeps it in step: the next ``scheduler.step()``
@@ -91,7 +91,7 @@ def test_a_schedule_made_on_the_accelerated_optimizer_follows_a_new_group(schedu
     assert change.groups[1].schedulers == ("LambdaLR `scheduler`",)
     assert inner.base_lrs == twin["scheduler"].scheduler.base_lrs
     assert len(inner.lr_lambdas) == len(ns["optimizer"].param_groups) == 2
-    _steps(ns, 4)  # the zip error of issue 27 came here
+    _steps(ns, 4)  # a missed per-group list fails here (torch zips them with strict=True)
     _steps(twin, 4)
     ours = [g["lr"] for g in ns["optimizer"].param_groups]
     assert ours == [g["lr"] for g in twin["optimizer"].param_groups]

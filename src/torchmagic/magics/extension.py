@@ -22,6 +22,8 @@ from .session import SessionMagics
 from .surgery import SurgeryMagics
 from .training import TrainingMagics
 
+# How the notebook's session is named when another session is refused on its models.
+OWNER = "the notebook's magics (%load_ext torchmagic)"
 # How IPython refuses a line magic it does not know (run_line_magic has no hook for it).
 _NOT_FOUND = re.compile(r"Line magic function `%(\S+)` not found\.")
 
@@ -75,7 +77,10 @@ class TorchMagics(Configurable):
         super().__init__(parent=shell, **kwargs)
         self.shell = shell
         self.session = Session(
-            namespace=shell.user_ns, hidden=shell.user_ns_hidden, config=self._session_config()
+            namespace=shell.user_ns,
+            hidden=shell.user_ns_hidden,
+            config=self._session_config(),
+            owner=OWNER,
         )
         self.topics = [topic(shell, self) for topic in TOPICS]
 

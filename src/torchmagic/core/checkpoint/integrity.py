@@ -138,7 +138,7 @@ def _memo(word_bytes: int) -> Callable[[torch.Tensor], list]:
     return record
 
 
-def seal(payload: dict) -> None:
+def write_digests(payload: dict) -> None:
     """Write the digests of ``payload``'s tensors and sections into it (under
     ``"digests"``), with the size of the words the tensors' sums use."""
     record = _memo(WORD_BYTES)

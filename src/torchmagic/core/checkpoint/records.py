@@ -273,7 +273,7 @@ def capture(
         payload["schedulers"].append(
             {"class": class_name(s), "state": plain(s.state_dict(), type(s).__name__)}  # type: ignore[attr-defined]
         )
-    integrity.seal(payload)
+    integrity.write_digests(payload)
     return payload
 
 

@@ -18,8 +18,8 @@ from ..surgery.edits import BoundModel
 from ..surgery.results import Replay
 from ..tensors import step_stays_on_host
 from ..training.amp import AmpController
-from .aside import set_aside
 from .records import REPLAYABLE
+from .weights_backup import back_up_weights
 
 
 def _owned(value: Any) -> Any:
@@ -108,9 +108,10 @@ def keep_states(
     target: BoundModel, amp: AmpController, scaler: torch.amp.GradScaler | None
 ) -> Callable[[], None]:
     """What the loads replace, kept: the returned call puts it all back (the weights'
-    memory, see :func:`.aside.set_aside`; the optimizer's state and groups, schedulers,
-    AMP and its GradScaler, the random generators), so a load that fails half way leaves
-    the state before it. The weights are set aside last: nothing before changes anything."""
+    memory, see :func:`.weights_backup.back_up_weights`; the optimizer's state and groups,
+    schedulers, AMP and its GradScaler, the random generators), so a load that fails half
+    way leaves the state before it. The weights are backed up last: nothing before
+    changes anything."""
     model, opt = target.model, target.optimizer
     state = None if opt is None else dict(opt.state)
     groups = [] if opt is None else [dict(g) for g in opt.param_groups]
@@ -120,7 +121,7 @@ def keep_states(
     scalers = [s for s in {id(s): s for s in (amp.scaler, scaler) if s is not None}.values()]
     scaler_states = [copy.deepcopy(s.state_dict()) for s in scalers]
     rng = capture_rng()
-    weights_back = set_aside(model)
+    weights_back = back_up_weights(model)
 
     def put_back() -> None:
         weights_back()

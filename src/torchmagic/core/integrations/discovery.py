@@ -4,7 +4,7 @@ Optimizers, schedulers, GradScalers and models sit in notebook variables, but al
 other objects: ``learner.opt``, ``trainer.optimizers[0]``, Accelerate's wrappers around
 the user's own optimizer and scheduler. The walk starts at every user variable and goes
 at most two levels down: public attributes of plain objects, the items of lists, tuples
-and dicts, and the members a library's room names (a Lightning trainer's optimizers are
+and dicts, and the members a library's integration names (a Lightning trainer's optimizers are
 properties no attribute walk sees). Models, tensors, optimizers and schedulers are not
 searched inside; wrappers are seen through by the attribute their library documents.
 Each object is named by the path the user would type, first (shortest) path winning.
@@ -23,7 +23,7 @@ from torch import nn
 from ..modules import unwrap
 from ..surgery import scheduler_sync
 from .classes import package_of
-from .rooms import inner, room, same
+from .lookup import inner, integration_of, same
 
 MAX_DEPTH = 2  # attribute levels below a variable
 MAX_MEMBERS = 64  # per object: a bounded walk, also over a huge list or config object
@@ -51,7 +51,7 @@ _OPAQUE = (
 class Found:
     """One object reached from the namespace: ``value`` with wrappers seen through,
     ``held`` as the user holds it at ``path``, and ``owner`` the library object whose
-    room named it (the trainer holding an optimizer), if any."""
+    integration named it (the trainer holding an optimizer), if any."""
 
     path: str
     value: object
@@ -66,10 +66,10 @@ class Found:
 
 
 def _members(obj: object) -> tuple[list[tuple[str, object]], list[tuple[str, object]]]:
-    """What the walk looks at inside ``obj``: the members its room names, and the list,
+    """What the walk looks at inside ``obj``: the members its integration names, and the list,
     tuple or dict items or the public attributes of a plain object."""
-    known = room(obj)
-    named_by_room = list(known.members(obj)) if known is not None else []
+    known = integration_of(obj)
+    named_by_integration = list(known.members(obj)) if known is not None else []
     out: list[tuple[str, object]] = []
     if isinstance(obj, (list, tuple)):
         out += [(f"[{i}]", v) for i, v in enumerate(obj[:MAX_MEMBERS])]
@@ -82,7 +82,7 @@ def _members(obj: object) -> tuple[list[tuple[str, object]], list[tuple[str, obj
             attributes = {}
         public = [(f".{k}", v) for k, v in attributes.items() if not k.startswith("_")]
         out += public[:MAX_MEMBERS]
-    return named_by_room, out
+    return named_by_integration, out
 
 
 def walk(variables: Iterable[tuple[str, object]]) -> Iterator[Found]:
@@ -99,8 +99,10 @@ def walk(variables: Iterable[tuple[str, object]]) -> Iterator[Found]:
         seen.update((id(value), id(held)))
         yield Found(path, value, held, *(owner or (None, "")))
         if depth < MAX_DEPTH:
-            by_room, plain = _members(held)
-            queue.extend((path + suffix, v, (held, path), depth + 1) for suffix, v in by_room)
+            by_integration, plain = _members(held)
+            queue.extend(
+                (path + suffix, v, (held, path), depth + 1) for suffix, v in by_integration
+            )
             queue.extend((path + suffix, v, owner, depth + 1) for suffix, v in plain)
 
 
@@ -110,8 +112,8 @@ def follow(start: Found, rest: str) -> Found | None:
     reached here when ``model`` names the same module."""
     here = start
     while rest:
-        by_room, plain = _members(here.held)
-        steps = [(s, v, True) for s, v in by_room] + [(s, v, False) for s, v in plain]
+        by_integration, plain = _members(here.held)
+        steps = [(s, v, True) for s, v in by_integration] + [(s, v, False) for s, v in plain]
         fits = [
             (s, v, r)
             for s, v, r in steps
@@ -119,11 +121,11 @@ def follow(start: Found, rest: str) -> Found | None:
         ]
         if not fits:
             return None
-        suffix, held, by_its_room = max(fits, key=lambda fit: len(fit[0]))
+        suffix, held, by_its_integration = max(fits, key=lambda fit: len(fit[0]))
         value = inner(held)
         if value is None:
             return None
-        owner = (here.held, here.path) if by_its_room else (here.owner, here.owner_path)
+        owner = (here.held, here.path) if by_its_integration else (here.owner, here.owner_path)
         here = Found(here.path + suffix, value, held, *owner)
         rest = rest[len(suffix) :]
     return here
@@ -132,7 +134,7 @@ def follow(start: Found, rest: str) -> Found | None:
 def rebuilt_by(found: Found) -> str | None:
     """Why the object ``found`` is about to be replaced by a new one (a Lightning trainer
     builds its optimizers again at every fit), else None."""
-    known = None if found.owner is None else room(found.owner)
+    known = None if found.owner is None else integration_of(found.owner)
     rebuilds = getattr(known, "rebuilds", None)
     if rebuilds is None or not rebuilds(found.owner):
         return None
@@ -144,7 +146,7 @@ def optimizers_to_come(items: Iterable[tuple[str, object]], model: nn.Module) ->
     transformers Trainer before its first ``train()``) will build, each by its name."""
     found = []
     for name, value in items:
-        known = room(value)
+        known = integration_of(value)
         plan = getattr(known, "optimizer_to_come", None)
         text = plan(value, model) if plan is not None else None
         if text is not None:
@@ -157,7 +159,7 @@ def untended_holder(found: Iterable[Found], model: nn.Module) -> str | None:
     but is not a torch one (fastai's own ``learn.opt``), naming it; else None."""
     ids = {id(p) for p in model.parameters()}
     for f in found:
-        known = room(f.value)
+        known = integration_of(f.value)
         holds = getattr(known, "holds", None)
         if holds is not None and holds(f.value, ids):
             return f"`{f.path}` {known.UNTENDED}"  # type: ignore[union-attr]
@@ -169,7 +171,7 @@ def resume_notes(found: Iterable[Found], optimizer: torch.optim.Optimizer) -> li
     longer resume now that its groups changed, each in one line."""
     notes = []
     for f in found:
-        known = room(f.value)
+        known = integration_of(f.value)
         fails = getattr(known, "resume_fails", None)
         held = getattr(f.value, "optimizer", None)
         if fails is not None and held is not None and inner(held) is optimizer:
@@ -184,7 +186,7 @@ def ways_to_build(items: Iterable[tuple[str, object]], model: nn.Module) -> list
     later (``trainer.create_optimizer()``), each by its name."""
     ways = []
     for name, value in items:
-        known = room(value)
+        known = integration_of(value)
         plan = getattr(known, "optimizer_to_come", None)
         build = getattr(known, "build_now", None)
         if build is not None and plan is not None and plan(value, model) is not None:
@@ -196,7 +198,7 @@ def lr_setter(found: Iterable[Found], optimizer: torch.optim.Optimizer) -> str |
     """The object that overwrites ``optimizer``'s group lrs on its own (a fastai Learner
     at every fit), named with why; else None."""
     for f in found:
-        known = room(f.value)
+        known = integration_of(f.value)
         sets = getattr(known, "sets_lrs", None)
         why = sets(f.value, optimizer) if sets is not None else None
         if why is not None:
@@ -247,15 +249,15 @@ def holders(
     optimizer_name: str | None,
 ) -> list[Holder]:
     """Objects that may set the lrs or trainability of ``model`` and ``optimizer`` on
-    their own: what a room knows to do so (an ignite ParamScheduler, a fine-tuning
-    callback, a skorch net), and any object no room knows whose attributes hold the model
+    their own: what an integration knows to do so (an ignite ParamScheduler, a fine-tuning
+    callback, a skorch net), and any object no integration knows whose attributes hold the model
     or the optimizer (a user's callback)."""
     out: list[Holder] = []
     for f in found:
-        known = room(f.held)
+        known = integration_of(f.held)
         if known is not None:
-            told = getattr(known, "sets_on_its_own", None)
-            for suffix, obj, does, refuses in told(f.held, model, optimizer) if told else []:
+            own = getattr(known, "sets_on_its_own", None)
+            for suffix, obj, does, refuses in own(f.held, model, optimizer) if own else []:
                 out.append(Holder(f.path + suffix, _kind(obj), does, refuses))
             continue
         if isinstance(f.held, (list, tuple, dict)) or package_of(f.held) == "torchmagic":

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..modules import unwrap
 from .classes import named
-from .rooms import inner
+from .lookup import inner
 
 # wrapper class → the documented attribute holding the torch optimizer it wraps
 WRAPS = {"OptimWrapper": "opt"}

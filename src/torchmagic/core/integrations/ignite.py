@@ -11,7 +11,7 @@ from torch import nn
 
 from ..surgery import scheduler_sync
 from .classes import named
-from .rooms import same
+from .lookup import same
 
 WRAPS = {"LRScheduler": "lr_scheduler"}
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..modules import unwrap
 from .classes import named
-from .rooms import same
+from .lookup import same
 
 WRAPS: dict[str, str] = {}
 

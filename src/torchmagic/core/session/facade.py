@@ -43,6 +43,10 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
     variable name (notebooks). Target strings use the target grammar: ``layer1-3``,
     ``features.0-6``, ``"*.bn*"``, ``model.fc``. Methods that take ``model`` take a
     variable name; without one they use the current model.
+
+    ``owner`` names who made the session (``"train.py"``; the notebook's magics name
+    themselves): a second session refused on a model whose history this one holds is
+    told so by this name. Without it, the session is named by the model it was given.
     """
 
     def __init__(
@@ -54,13 +58,14 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         namespace: MutableMapping | None = None,
         hidden: Container[str] = (),
         config: SessionConfig | None = None,
+        owner: str | None = None,
     ) -> None:
         self.workspace = Workspace(
             names.namespace_of(model, optimizer, schedulers, namespace), hidden
         )
         self.config = config or SessionConfig()
         # every command, for undo, checkpoints and export; one per model (``shared``)
-        self._history = History(shared.owner())
+        self._history = History(owner or shared.default_owner(model))
         self.device: torch.device | None = None  # set_device(); None: where the model is
         self.amp = AmpController()
         self.fits: list[FitHistory] = []
@@ -236,7 +241,9 @@ def resume(
     commands replayed, every state loaded by name. Refused in one line, with nothing
     changed, when anything does not match. ``shard``: your ``fully_shard`` calls, made
     after the load on every rank (see :meth:`Session.shard`)."""
-    session = Session(model, optimizer, schedulers=schedulers)
+    session = Session(
+        model, optimizer, schedulers=schedulers, owner=f"the Session resumed from {path}"
+    )
     if shard is not None:
         distributed.check_shardable(session)  # before the load changes anything
     report = session.load(path, scaler=scaler)

@@ -1,4 +1,4 @@
-"""The post-condition every command and undo ends with (DESIGN, "Invariants"): every
+"""The post-condition every command and undo ends with (docs/architecture.md, "Invariants"): every
 trainable parameter of the model in exactly one group of its optimizer and no frozen one in
 any, no parameter the model lost left in a group, each bound scheduler's per-group lists as
 long as the groups, each EMA copy shaped like its model, LoRA layers whole and every layer's

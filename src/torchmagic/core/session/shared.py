@@ -10,10 +10,8 @@ by the other session's name (who created it), as two histories of one model woul
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from torch import nn
@@ -28,22 +26,14 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable)
 
-PACKAGE = str(Path(__file__).resolve().parents[2])  # torchmagic/
-MAGICS = str(Path(PACKAGE) / "magics")
 WAIT_S = 0.05  # how often a waiting command looks whether a fit took the lock meanwhile
 
 
-def owner(depth: int = 2) -> str:
-    """Who is creating a Session, as a refusal names it: the notebook's magics, or the
-    file and line of the ``Session(...)`` call."""
-    frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE):
-        if frame.f_code.co_filename.startswith(MAGICS):
-            return "the notebook's magics (%load_ext torchmagic)"
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return "a Session"
-    return f"the Session created at {frame.f_code.co_filename}:{frame.f_lineno}"
+def default_owner(model: nn.Module | None) -> str:
+    """How a refusal names a Session created without ``owner=``: by what it was given."""
+    if model is None:
+        return "a Python Session on a namespace"
+    return f"a Python Session on a {type(unwrap(model)).__name__}"
 
 
 def join(session: Session, model: nn.Module, name: str) -> None:

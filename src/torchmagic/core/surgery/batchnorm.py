@@ -11,7 +11,6 @@ running statistics, fall back to ``eval``).
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from typing import cast
 
@@ -21,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.hooks import RemovableHandle
 
 from ..modules import is_batchnorm, is_frozen_batchnorm, parent_of
+from ..registry import REGISTRY
 from . import ties
 from .selection import Selection
 from .transaction import Transaction
@@ -99,11 +99,6 @@ def _swap(root: nn.Module, name: str, new: nn.Module, tx: Transaction) -> None:
     setattr(parent, attr, new)
 
 
-# The BatchNorm2d each FrozenBatchNorm2d stands in for, so unfreezing puts the very same
-# module (momentum, eps, affine, its parameters' home groups) back.
-_ORIGINALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 _COPIED = ("running_mean", "running_var", "weight", "bias")
 
 
@@ -123,7 +118,7 @@ def _frozen_copy(bn: nn.BatchNorm2d) -> nn.Module:
     with torch.no_grad():
         for name, tensor in mine.items():
             getattr(frozen, name).copy_(tensor)
-    _ORIGINALS[frozen] = bn
+    REGISTRY.batchnorm_originals[frozen] = bn  # unfreezing puts this one back
     frozen.original_settings = {"momentum": bn.momentum, "affine": bn.affine}  # copies keep it
     return frozen
 
@@ -135,7 +130,7 @@ def _restored(frozen: nn.Module, training: bool, tx: Transaction) -> nn.BatchNor
     frozen)."""
     theirs = _tensors(frozen)
     ref = theirs["running_mean"]
-    bn = _ORIGINALS.get(frozen)
+    bn = REGISTRY.batchnorm_originals.get(frozen)
     if bn is None:
         settings = getattr(frozen, "original_settings", {})
         bn = nn.BatchNorm2d(

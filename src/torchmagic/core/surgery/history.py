@@ -32,6 +32,7 @@ from torch import nn
 
 from ..advice import Command, spelled
 from ..errors import TorchMagicError
+from ..registry import REGISTRY
 from .results import Change, HistoryEntry, Replay
 from .transaction import Transaction
 
@@ -92,16 +93,9 @@ class Cleared(NamedTuple):
     nbytes: int
 
 
-# each model's history: the one that recorded a command on it. Both sides weakly: a
-# history's undo logs may hold its model, and the sessions using it decide how long it lives
-_HISTORIES: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[History]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def history_of(model: nn.Module) -> History | None:
     """The history holding a command on ``model`` (none recorded, or all undone: None)."""
-    ref = _HISTORIES.get(model)
+    ref = REGISTRY.histories.get(model)
     history = None if ref is None else ref()
     return history if history is not None and history.touches(model) else None
 
@@ -157,7 +151,7 @@ class History:
         self._next += 1
         self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
-        _HISTORIES[model] = weakref.ref(self)
+        REGISTRY.histories[model] = weakref.ref(self)
         drop = self._overflow(max_entries, max_bytes)
         dropped = self._records[:drop]
         del self._records[:drop]

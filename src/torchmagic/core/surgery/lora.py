@@ -12,13 +12,13 @@ it, or switched off and on, with the optimizer kept in step.
   they were before it; the adapters leave the optimizer (their group stays, emptied).
 - ``switch``: the adapters' contribution off or on, nothing else changed.
 
-The model object stays the same (no PeftModel around it). Which layers a command added,
-and how their base weights trained before, is kept in :data:`_ADDED`.
+The model object stays the same (no PeftModel around it). As peft keeps its adapters on
+the model, a LoRA layer that ``add`` made carries, in its attribute :data:`BASE_FLAGS`,
+the requires_grad flags its base layer's parameters had before (``merge`` restores them).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -45,8 +45,9 @@ from .transaction import Transaction
 
 GROUP = "lora"
 
-# LoRA layer → the requires_grad flags of its base layer's parameters before ``add``.
-_ADDED: weakref.WeakKeyDictionary[nn.Module, tuple[bool, ...]] = weakref.WeakKeyDictionary()
+# The attribute of a LoRA layer made by ``add``: its base parameters' requires_grad flags
+# before (a plain tuple: it stays out of the state_dict and goes with copies of the model).
+BASE_FLAGS = "torchmagic_base_flags"
 
 
 def _kind(module: nn.Module) -> str:
@@ -138,20 +139,17 @@ def check_options(
 
 
 def _record(layer: nn.Module, flags: tuple[bool, ...] | None, tx: Transaction) -> None:
-    """Set (or, with None, forget) what ``_ADDED`` knows about ``layer``; undone with tx."""
-    old = _ADDED.get(layer)
+    """Set (or, with None, remove) ``layer``'s :data:`BASE_FLAGS`; undone with tx."""
+    old = getattr(layer, BASE_FLAGS, None)
+    tx.add(lambda: _set_flags(layer, old))
+    _set_flags(layer, flags)
 
-    def restore() -> None:
-        if old is None:
-            _ADDED.pop(layer, None)
-        else:
-            _ADDED[layer] = old
 
-    tx.add(restore)
-    if flags is None:
-        _ADDED.pop(layer, None)
-    else:
-        _ADDED[layer] = flags
+def _set_flags(layer: nn.Module, flags: tuple[bool, ...] | None) -> None:
+    if flags is not None:
+        setattr(layer, BASE_FLAGS, flags)
+    elif hasattr(layer, BASE_FLAGS):
+        delattr(layer, BASE_FLAGS)
 
 
 def _group_name(opt: torch.optim.Optimizer) -> str:
@@ -310,7 +308,9 @@ def merge(target: BoundModel, tx: Transaction) -> Effect:
     tx.hold(adapters)  # the LoRA layers leave the model: only the log keeps them
     retrain: list[nn.Parameter] = []
     for name, layer in layers:
-        before = _ADDED.get(layer, tuple(p.requires_grad for p in peft.base_of(layer).parameters()))
+        before = getattr(layer, BASE_FLAGS, None)
+        if before is None:  # none recorded: as its base trains now
+            before = tuple(p.requires_grad for p in peft.base_of(layer).parameters())
         params = _fold(target.model, name, layer, tx)
         _record(layer, None, tx)
         retrain += [p for p, flag in zip(params, before, strict=True) if flag]

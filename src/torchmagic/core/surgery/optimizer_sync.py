@@ -12,7 +12,6 @@ the user's own groups (decay / no-decay, backbone / head) survive surgery.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from ..dtensors import HostShard, from_host, held, local_nbytes, to_host
 from ..modules import parameter_names
+from ..registry import REGISTRY
 from ..tensors import step_stays_on_host
 from .model_checks import check_optimizer
 from .transaction import Transaction
@@ -159,21 +159,18 @@ class Homes:
                 self._groups[id(new)] = (new, entry[1])
 
 
-_HOMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def homes(optimizer: torch.optim.Optimizer) -> Homes:
     """The home groups of ``optimizer``'s parameters, first seen now if never before."""
-    book = _HOMES.get(optimizer)
+    book = REGISTRY.homes.get(optimizer)
     if book is None:
-        book = _HOMES[optimizer] = Homes()
+        book = REGISTRY.homes[optimizer] = Homes()
     book.observe(optimizer)
     return book
 
 
 def rehome(optimizer: torch.optim.Optimizer, replaced: Mapping[int, nn.Parameter]) -> None:
     """``optimizer``'s home groups follow parameters replaced by others (see Homes.swap)."""
-    book = _HOMES.get(optimizer)
+    book = REGISTRY.homes.get(optimizer)
     if book is not None:
         book.swap(replaced)
 
@@ -268,7 +265,9 @@ class OptimizerEditor:
                 made.append(_new_since(optimizer, groups, saved))
             return made[0]
 
-        def seal() -> None:
+        def keep_only_changed_keys() -> None:
+            """At commit: undo restores only the groups the command changed (their
+            membership alone when only that changed), not what the user sets later."""
             made_here()
             for i, (group, copy) in enumerate(zip(groups, saved, strict=True)):
                 changed = _changed_keys(group, copy)
@@ -317,7 +316,7 @@ class OptimizerEditor:
             )
 
         tx.add(restore)
-        tx.on_commit(seal)
+        tx.on_commit(keep_only_changed_keys)
         tx.refuse_undo_if(clash)
 
     @property

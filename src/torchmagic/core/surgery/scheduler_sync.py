@@ -25,7 +25,7 @@ import torch
 from torch.optim import lr_scheduler as torch_schedulers
 
 from ..errors import TorchMagicError
-from ..integrations.rooms import same
+from ..integrations.lookup import same
 from .optimizer_sync import group_label
 from .transaction import Transaction
 

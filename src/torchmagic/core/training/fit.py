@@ -46,9 +46,9 @@ from ..errors import TorchMagicError
 from .amp import Accumulation
 from .batch_loss import forward_loss
 from .batch_sources import batch_source
-from .check_points import BatchNormSnapshot, LossLedger, count_non_finite
 from .fit_events import EpochMetrics, FitHistory, FitStart, StepInfo, StopReason, discard_progress
 from .fit_plan import FitPlan, check_plan
+from .non_finite import BatchNormSnapshot, LossLedger, count_non_finite
 from .progressive import BestWeights, Pacer
 from .run_guards import clear_grads, ctrl_c_requests_stop, module_mode
 from .schedule_steps import plan_schedules

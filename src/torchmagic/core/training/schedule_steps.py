@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Literal
 
 from torch.optim import lr_scheduler as torch_schedulers
+
+from ..registry import REGISTRY
 
 SchedStep = Literal["batch", "epoch"]
 SCHED_STEPS: tuple[SchedStep, ...] = ("batch", "epoch")
@@ -31,9 +32,6 @@ SCHED_STEPS: tuple[SchedStep, ...] = ("batch", "epoch")
 _PER_BATCH_TYPES = (torch_schedulers.OneCycleLR, torch_schedulers.CyclicLR)
 _TRANSFORMERS_SCHEDULES = "transformers.optimization"
 
-# timm schedulers keep no clock: the training loop passes the epoch or update count in.
-# The count each scheduler has reached under torchmagic, so a second fit continues it.
-_TIMM_CLOCKS: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
 # How far a timm clock is looked for from the lr (a schedule stepped by the user's loop):
 # epochs, updates; never past the end of the schedule's cycles when it says where that is.
 _CLOCK_SEARCH = {True: 10_000, False: 200_000}
@@ -119,11 +117,12 @@ def _timm_at(scheduler: object, t: int) -> bool | None:
 def timm_clock(scheduler: object) -> tuple[int, str]:
     """The ``t`` a timm scheduler last set, and a note when it was read from the lr.
 
-    timm schedulers keep no clock: the count torchmagic stepped it to is kept, but a
-    schedule stepped by the user's own loop (``scheduler.step(epoch + 1)``) is found from
-    the lr it set: the first ``t`` whose value is the first group's lr now. When neither
-    fits (the lr was set by hand, noise), the count torchmagic knows (0 if none)."""
-    known = _TIMM_CLOCKS.get(scheduler)
+    timm schedulers keep no clock: the count torchmagic stepped it to is kept (in
+    ``REGISTRY.timm_clocks``), but a schedule stepped by the user's own loop
+    (``scheduler.step(epoch + 1)``) is found from the lr it set: the first ``t`` whose
+    value is the first group's lr now. When neither fits (the lr was set by hand, noise),
+    the count torchmagic knows (0 if none)."""
+    known = REGISTRY.timm_clocks.get(scheduler)
     start = known if known is not None else 0
     here = _timm_at(scheduler, start)
     if here is None or here:
@@ -149,7 +148,7 @@ class _TimmStepper(_Stepper):
 
     def advance(self, loss: float | None) -> None:
         self.clock += 1
-        t = _TIMM_CLOCKS[self.scheduler] = self.clock
+        t = REGISTRY.timm_clocks[self.scheduler] = self.clock
         if self.scheduler.t_in_epochs:  # type: ignore[attr-defined]
             self.scheduler.step(t, loss)  # type: ignore[attr-defined]
         else:

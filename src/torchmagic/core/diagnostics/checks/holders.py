@@ -1,6 +1,6 @@
 """Objects that set lrs or trainability on their own: an ignite ParamScheduler that would
 overwrite a new group's lr, fine-tuning callbacks and skorch nets that redo the model's
-trainability or its optimizer at the next fit, objects no room knows that hold the model
+trainability or its optimizer at the next fit, objects no integration knows that hold the model
 or its optimizer, and another session that holds a model's undo history."""
 
 from __future__ import annotations

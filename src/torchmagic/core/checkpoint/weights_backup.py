@@ -1,4 +1,4 @@
-"""The model's weights set aside while a load fills them, so a failed load is put back by
+"""The model's weights backed up while a load fills them, so a failed load is put back by
 a pointer swap instead of a copy of every weight kept beforehand."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _swappable(model: nn.Module) -> list[torch.Tensor] | None:
     return tensors if _loads_whole_tensors(model) else None
 
 
-def set_aside(model: nn.Module) -> Callable[[], None]:
+def back_up_weights(model: nn.Module) -> Callable[[], None]:
     """Give every tensor of ``model``'s state_dict new memory of its own layout for the load
     to fill, the old memory kept untouched; returns the put-back, which gives each tensor
     its old memory again (the same Parameter objects, so an optimizer keeps them). Where a

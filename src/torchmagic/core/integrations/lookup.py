@@ -1,9 +1,9 @@
-"""Which room knows an object, and the one helper that sees through every wrapper.
+"""Which integration knows an object, and the one helper that sees through every wrapper.
 
 Every identity test ("does this scheduler drive that optimizer?", "does this object hold
 the model?") compares objects with their wrappers seen through on both sides: a scheduler
-built on Accelerate's ``AcceleratedOptimizer`` drives the optimizer inside it. The rooms
-are imported only when an object of their library is met."""
+built on Accelerate's ``AcceleratedOptimizer`` drives the optimizer inside it. The
+integrations are imported only when an object of their library is met."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from types import ModuleType
 
 from .classes import named, package_of
 
-# top-level package → the room that knows it (imported when such an object is met)
-_ROOMS = {
+# top-level package → the integration that knows it (imported when such an object is met)
+_INTEGRATIONS = {
     "accelerate": "accelerate",
     "lightning": "lightning",
     "pytorch_lightning": "lightning",
@@ -28,9 +28,9 @@ _ROOMS = {
 }
 
 
-def room(obj: object) -> ModuleType | None:
-    """The room of the library defining ``obj``'s class, if torchmagic knows it."""
-    name = _ROOMS.get(package_of(obj))
+def integration_of(obj: object) -> ModuleType | None:
+    """The integration of the library defining ``obj``'s class, if torchmagic has one."""
+    name = _INTEGRATIONS.get(package_of(obj))
     return None if name is None else importlib.import_module(f"{__package__}.{name}")
 
 
@@ -39,7 +39,7 @@ def inner(obj: object) -> object:
     ``AcceleratedScheduler.scheduler``, Lightning's ``LightningOptimizer``), wrappers of
     wrappers too."""
     for _ in range(8):  # bounded
-        known = room(obj)
+        known = integration_of(obj)
         wraps = getattr(known, "WRAPS", {}) if known is not None else {}
         attribute = next((a for cls, a in wraps.items() if named(obj, cls)), None)
         if attribute is None:

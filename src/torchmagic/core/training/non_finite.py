@@ -1,6 +1,6 @@
-"""What the loop reads and restores at its check points: the losses since the last one,
-read with one host sync, and the BatchNorm running statistics a non-finite stop puts
-back (see ``fit``)."""
+"""Non-finite losses found without a host sync per step: the losses since the loop's
+last check point, read with one sync, and the BatchNorm running statistics a
+non-finite stop puts back (when the loop checks: see ``fit``)."""
 
 from __future__ import annotations
 
