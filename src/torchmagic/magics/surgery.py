@@ -177,7 +177,7 @@ class SurgeryMagics(TopicMagics):
         nargs="+",
         metavar="[TARGET|auto] [N]",
         help="where the head is (path, model, or auto) and the number of classes (default: "
-        "the classes %load_data found for the model)",
+        "the class folders of the data loaded for the model)",
     )
     @argument(
         "--dropout",

@@ -227,7 +227,7 @@ def replace_head(
         session.workspace, None if where == "auto" else where, optimizer
     )
     if num_classes is None:
-        known = labels if labels is not None else session.class_names.get(root_name)
+        known = labels if labels is not None else session.class_names.get(target.model_name)
         if known is None:
             raise TorchMagicError(
                 "the class count is missing: give num_classes (or labels, or load the "
