@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from image_folders import class_folders
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch.utils.data import DataLoader, Subset
@@ -15,6 +14,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.models import ResNet18_Weights, resnet18
 
 import torchmagic
+from image_folders import class_folders
 
 
 @pytest.fixture
@@ -25,7 +25,9 @@ def cached_weights(tmp_path, monkeypatch):
     checkpoints = tmp_path / "torch_home" / "hub" / "checkpoints"
     checkpoints.mkdir(parents=True)
     torch.manual_seed(0)
-    torch.save(resnet18().state_dict(), checkpoints / ResNet18_Weights.DEFAULT.url.rpartition("/")[2])
+    torch.save(
+        resnet18().state_dict(), checkpoints / ResNet18_Weights.DEFAULT.url.rpartition("/")[2]
+    )
 
 
 def _run(ip, line):

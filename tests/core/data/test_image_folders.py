@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 import torch
-from image_folders import class_folders
 from torch.utils.data import DataLoader, Subset, random_split
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.models import ResNet18_Weights
 
+from image_folders import class_folders
 from torchmagic import TorchMagicError
 from torchmagic.core.data import transforms as pipelines
 from torchmagic.data import image_folders
@@ -92,7 +92,9 @@ def test_leaks_and_imbalance_are_reported_by_name(tmp_path):
     class_folders(tmp_path / "d" / "val", {"cat": 2, "dog": 2}, seed=1)
     shutil.copy(tmp_path / "d/train/cat/4.png", tmp_path / "d/val/cat/copy.png")
     found = image_folders(tmp_path / "d", workers=0)
-    assert found.leaks == ((str(tmp_path / "d/train/cat/4.png"), str(tmp_path / "d/val/cat/copy.png")),)
+    assert found.leaks == (
+        (str(tmp_path / "d/train/cat/4.png"), str(tmp_path / "d/val/cat/copy.png")),
+    )
     large, small = found.imbalance
     assert (large.name, large.train, small.name, small.train) == ("cat", 9, "dog", 3)
 
