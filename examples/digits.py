@@ -350,3 +350,23 @@ def curve_chart(
     svg = buffer.getvalue()
     svg = svg[svg.index("<svg") :].replace(_INK, "currentColor")
     return f'<div role="img" aria-label="learning curve">{svg}</div>'
+
+
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def save_digit_folders(root: str | os.PathLike, per_class: int = 8, digits: int = 3) -> Path:
+    """A folder of class folders as a user's own images are kept: ``root/<digit
+    name>/<i>.png``, ``per_class`` of scikit-learn's 8x8 digits each for the first
+    ``digits`` digits, drawn at 32x32 pixels. Returns ``root``."""
+    from PIL import Image
+
+    bunch = load_digits()
+    root = Path(root)
+    for digit in range(digits):
+        folder = root / DIGIT_NAMES[digit]
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, flat in enumerate(bunch.data[bunch.target == digit][:per_class]):
+            grey = (flat.reshape(8, 8) * (255 / 16)).astype("uint8")
+            Image.fromarray(grey).resize((32, 32), Image.BILINEAR).save(folder / f"{i}.png")
+    return root

@@ -2,7 +2,7 @@
 gloo ranks on 127.0.0.1. Each rank builds the model its own way (another seed), resumes,
 wraps, trains two steps on its own data; gradient averaging keeps them bit-identical.
 
-Then surgery through the resumed Session after wrapping (the README's order: resume, then
+Then surgery through the resumed Session after wrapping (docs/saving.md's order: resume, then
 wrap), which the session was not given the wrapper for: the wrapper is found, its forward
 refuses until ``torchmagic.rewrap``, and the run equals the same edit by hand (the old
 wrapper, by hand, lets the ranks drift apart). Also a session given the wrapper, whose
@@ -84,7 +84,7 @@ def _resume_then_wrap(rank: int, folder: Path) -> dict:
 
 
 def _surgery_after_wrapping(rank: int, folder: Path) -> dict:
-    """The README's order, then tm.unfreeze through the resumed Session (given the raw
+    """The order docs/saving.md gives, then tm.unfreeze through the resumed Session (given the raw
     module): the wrapper it was not given refuses to train until rewrap."""
     model = build(seed=100 + rank)[0]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

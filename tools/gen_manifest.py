@@ -43,6 +43,7 @@ EXAMPLES = {
     ("gpumem", "line"): "%gpumem estimate --input-shape 8,3,224,224",
     ("tm", "line"): "%tm undo",
     ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
+    ("load_data", "line"): "%load_data images/ --valid 0.2",
     ("lr_find", "line"): "%lr_find train_loader --apply",
     ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
 }
@@ -55,6 +56,7 @@ PURPOSES = {
     ("lora", "line"): "LoRA adapters on layers; merge, off, on",
     ("summary", "line"): "the module table, output shapes too",
     ("load_model", "line"): "a zoo model with its weights and labels",
+    ("load_data", "line"): "your folder of images as loaders that match the weights",
     ("amp", "line"): "mixed precision: status, on, off",
     ("amp", "cell"): "one cell under autocast",
     ("fit", "line"): "train with its schedulers, live progress",

@@ -78,7 +78,7 @@ def script(
         "    nohup python run.py > run.log 2>&1 &  # ... and it goes on after you log out",
         "    torchrun --nproc_per_node=2 run.py    # one process per GPU: in the marked place,",
         '                                          # init_process_group("nccl") and the model',
-        "                                          # on cuda:LOCAL_RANK (see torchmagic's README)",
+        "                                          # on cuda:LOCAL_RANK (see docs/saving.md)",
         '"""',
         "",
         "import torch  # noqa: F401  (for your constructors)",

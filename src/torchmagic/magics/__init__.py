@@ -2,6 +2,7 @@
 shared base, all driving one Session that one configurable, ``TorchMagics``, owns.
 
 - surgery: ``%freeze`` ``%unfreeze`` ``%replace_head`` ``%summary``
+- data: ``%load_data``
 - training: ``%fit`` ``%amp`` ``%%amp``
 - devices: ``%device`` ``%gpumem``
 - session: ``%tm``

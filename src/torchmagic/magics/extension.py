@@ -16,6 +16,7 @@ from .base import TopicMagics
 from .completion import MagicCompleter
 from .completion import register as register_completer
 from .completion import unregister as unregister_completer
+from .data import DataMagics
 from .devices import DeviceMagics
 from .models import ModelMagics
 from .session import SessionMagics
@@ -30,6 +31,7 @@ _NOT_FOUND = re.compile(r"Line magic function `%(\S+)` not found\.")
 TOPICS: tuple[type[TopicMagics], ...] = (
     SurgeryMagics,
     ModelMagics,
+    DataMagics,
     TrainingMagics,
     DeviceMagics,
     SessionMagics,

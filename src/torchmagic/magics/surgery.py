@@ -175,8 +175,9 @@ class SurgeryMagics(TopicMagics):
     @argument(
         "spec",
         nargs="+",
-        metavar="[TARGET|auto] N",
-        help="where the head is (path, model, or auto), the number of classes, class names",
+        metavar="[TARGET|auto] [N]",
+        help="where the head is (path, model, or auto) and the number of classes (default: "
+        "the class folders of the data loaded for the model)",
     )
     @argument(
         "--dropout",
@@ -198,19 +199,15 @@ class SurgeryMagics(TopicMagics):
             with self.refusals(self.replace_head):
                 spec, options = self.split(self.replace_head, args.spec)
                 labels = options.get("labels")
-                if len(spec) > 2 or not spec and labels is None:
+                if len(spec) > 2:
                     raise TorchMagicError(
-                        f"one head and one class count, e.g. fc 10, got {' '.join(spec) or 'none'}",
+                        f"one head and one class count, e.g. fc 10, got {' '.join(spec)}",
                         param="spec",
                     )
                 if len(spec) == 2 or spec and _COUNT.match(spec[-1]):
                     where, count = ["auto", *spec] if len(spec) == 1 else spec
                 else:
                     where, count = (spec[0] if spec else "auto"), None
-                if count is None and labels is None:
-                    raise TorchMagicError(
-                        f"the number of classes is missing after '{where}'", param="num_classes"
-                    )
                 result = self.session.replace_head(
                     where,
                     None if count is None else parse_count(count, "num_classes"),

@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..core.checkpoint import ResumeReport, SaveReport
+from ..core.data import ImageFolders
 from ..core.devices.batch_size import BatchSizeReport
 from ..core.devices.compare import CompareReport
 from ..core.devices.device import DeviceReport, MoveReport
@@ -32,6 +33,7 @@ from . import (
     chart,
     checkpoint,
     compare,
+    data,
     device,
     doctor,
     lr_find,
@@ -111,6 +113,7 @@ for _type, _draw in (
     (BatchSizeReport, memory.batch_size),
     (CompareReport, compare.device_compare),
     (LoadedModel, zoo.loaded_model),
+    (ImageFolders, data.image_folders),
     (CellMemory, _cell_memory),
     (DoctorReport, doctor.doctor),
     (LrFindResult, lr_find.lr_find),

@@ -8,12 +8,14 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Container, MutableMapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..advice import Command
 from ..checkpoint import ResumeReport, SaveReport
+from ..data import ImageFolders
 from ..devices.memory import CellWatcher
 from ..devices.pinbench import PinReport
 from ..diagnostics.compiled import CompileWatch
@@ -28,7 +30,7 @@ from ..training.amp import Accumulation, AmpController
 from ..training.fit_events import FitHistory
 from ..workspace import Workspace
 from ..zoo import LoadedModel
-from . import checkpoint, diagnostics, distributed, history, models, names, shared
+from . import checkpoint, data, diagnostics, distributed, history, models, names, shared
 from .config import SessionConfig
 from .facade_devices import DeviceFacade
 from .facade_surgery import SurgeryFacade
@@ -72,6 +74,7 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
         self.cell_watch = CellWatcher()  # memory around each cell, for the notebook's watch
         self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
+        self.class_names: dict[str, tuple[str, ...]] = {}  # model variable → its classes
         self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
         # step(accumulate=N): each optimizer's open window of micro-batches
         self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (
@@ -224,6 +227,24 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         for the variables it expects (see ``core.export``). Written atomically; an existing
         file is replaced only with ``force``."""
         return checkpoint.export(self, path, model, force)
+
+    # -- your own data ---------------------------------------------------------------
+
+    def load_data(
+        self,
+        path: str | os.PathLike,
+        *,
+        model: str | None = None,
+        bind: tuple[str, str] = ("train_loader", "val_loader"),
+        **options: Any,
+    ) -> ImageFolders:
+        """Bind a training and a validation loader over ``path``'s class folders
+        (``train/`` and ``val/``, or one folder split by ``valid``), transformed as the
+        (current) model's weights expect, and keep the folder names as the model's class
+        names (``replace_head`` without a count uses them). ``options``: the fields of
+        ``LoadDataOptions`` (valid, batch, size, workers, seed). Refused in one line with
+        nothing bound (a missing folder, an empty class, an unreadable image...)."""
+        return data.load_data(self, path, model, bind, options)
 
 
 def resume(

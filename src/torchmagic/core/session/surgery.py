@@ -223,21 +223,23 @@ def replace_head(
     dry_run: bool,
     command: Command | None,
 ) -> Change:
+    target, root_name, root = names.one_module(
+        session.workspace, None if where == "auto" else where, optimizer
+    )
     if num_classes is None:
-        if labels is None:
+        known = labels if labels is not None else session.class_names.get(target.model_name)
+        if known is None:
             raise TorchMagicError(
-                "the class count is missing: give num_classes (or labels)",
+                "the class count is missing: give num_classes (or labels, or load the "
+                "data first so that its class folders give them)",
                 param="num_classes",
             )
-        num_classes = len(labels)
+        num_classes = len(known)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise TorchMagicError(
             f"num_classes must be a positive integer, got {num_classes!r}",
             param="num_classes",
         )
-    target, root_name, root = names.one_module(
-        session.workspace, None if where == "auto" else where, optimizer
-    )
     return run(
         session,
         "replace_head",

@@ -1,4 +1,5 @@
-"""The code examples of README.md and docs/magics.md still run.
+"""The code examples of docs/*.md still run (README.md's run in one kernel, in order, in
+test_readme.py).
 
 The fenced ```python blocks are read from the markdown, so the documents stay the source;
 nothing here copies a snippet. Each block runs in a fresh IPython shell with torchmagic
@@ -39,8 +40,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/magics.md")
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
 # The names the examples use: a resnet18 with random weights (never a download), its
 # AdamW and a cosine schedule, small loaders of random 16×16 images in 10 classes, one
@@ -104,6 +105,17 @@ learner = Learner()
 learner.model = torchvision.models.resnet18(weights=None)
 learner.opt = torch.optim.SGD(learner.model.parameters(), lr=0.1)
 """,
+    # A folder of class folders, as a user keeps their images (a few generated PNGs).
+    'tm.load_data("images/")': """
+import numpy as _np
+from pathlib import Path as _Path
+from PIL import Image as _Image
+for _k, _name in enumerate(("ants", "bees")):
+    (_Path("images") / _name).mkdir(parents=True, exist_ok=True)
+    for _i in range(5):
+        _pixels = _np.full((12, 12, 3), 40 * _i + _k, _np.uint8)
+        _Image.fromarray(_pixels).save(f"images/{_name}/{_i}.png")
+""",
     # %tm undo needs a command to undo, and %tm use another model variable.
     "%tm history": """
 %freeze layer1
@@ -136,12 +148,12 @@ SLOW = {
 # Examples whose output the document prints in the next fenced block without a language:
 # the text of the example's last output must be that block, line for line.
 SHOWS_OUTPUT = {
-    # README's first session: "this is the text form of the last one" (%unfreeze).
-    "%unfreeze layer4 lr=1e-4\n": "README.md's first session",
+    # docs/output.md's session: "this is the text form of the last one" (%unfreeze).
+    "%unfreeze layer4 lr=1e-4\n": "docs/output.md's first session",
 }
 
-# Spellings that download weights, with what runs offline instead. The README says the two
-# are interchangeable ("With internet access the usual weights="DEFAULT" works unchanged").
+# Spellings that download weights, with what runs offline instead: the same model, with
+# random weights in place of the downloaded ones.
 OFFLINE = {'weights="DEFAULT"': "weights=None"}
 
 
@@ -250,7 +262,7 @@ def test_every_listed_fragment_names_one_example(table):
 def test_the_documents_have_their_examples():
     """The parser finds the blocks (a change of fence style would otherwise pass quietly)."""
     per_doc = {doc: sum(b.doc == doc for b in BLOCKS) for doc in DOCS}
-    assert per_doc["README.md"] >= 2 and per_doc["docs/magics.md"] >= 15, per_doc
+    assert per_doc["docs/output.md"] >= 1 and per_doc["docs/magics.md"] >= 15, per_doc
 
 
 @contextmanager
