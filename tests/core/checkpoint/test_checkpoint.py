@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
 from checkpoint_helpers import assert_same, batches, build_resnet18, state, structure, train
+from paths import TESTS
 from snapshots import assert_same as assert_unchanged
 from snapshots import snapshot
 from torchmagic import TorchMagicError
@@ -394,7 +395,7 @@ def test_resume_in_a_fresh_process(saved, tmp_path):
     script = tmp_path / "resume.py"
     script.write_text(
         "import sys, torch, torchmagic\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = {[str(Path(__file__).parent), str(TESTS)]!r}\n"
         "from test_checkpoint import build_net, loader\n"
         "from checkpoint_helpers import state, train\n"
         "model, opt, sched = build_net(seed=5)\n"

@@ -4,15 +4,13 @@ errors read."""
 
 import importlib.util
 import json
-from pathlib import Path
 from types import ModuleType
 
 import torchmagic
+from paths import ROOT
 from torchmagic.magics import TOPICS, TorchMagics
 from torchmagic.magics.base import TopicMagics
 from torchmagic.manifest import load_manifest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool() -> ModuleType:

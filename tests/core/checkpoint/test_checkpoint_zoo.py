@@ -17,6 +17,7 @@ import torch
 
 import torchmagic
 from checkpoint_helpers import assert_same
+from paths import ROOT, TESTS
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -25,7 +26,7 @@ CASES = ("resnet18", "convnext", "bert", "lr_find", "bf16")
 
 def _run_notebook_module():
     spec = importlib.util.spec_from_file_location(
-        "run_notebook", HERE.parent / "tools/run_notebook.py"
+        "run_notebook", ROOT / "tools/run_notebook.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -131,7 +132,7 @@ def test_saved_in_a_real_kernel_resumed_in_a_fresh_process(tmp_path, monkeypatch
     in_kernel = {case: tmp_path / f"{case}-kernel.pt" for case in CASES}
     in_script = {case: tmp_path / f"{case}-script.pt" for case in CASES}
     common = (
-        f"import sys, torch\nsys.path.insert(0, {str(HERE)!r})\n"
+        f"import sys, torch\nsys.path[:0] = {[str(HERE), str(TESTS)]!r}\n"
         "torch.set_num_threads(1)  # the same arithmetic in both processes\n"
         "import torchmagic\n"
         "from checkpoint_helpers import (amp_train, batches, build_bert, build_convnext,\n"

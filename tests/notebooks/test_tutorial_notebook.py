@@ -20,7 +20,8 @@ from types import ModuleType
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 NOTEBOOK = ROOT / "examples" / "gpu_and_transfer_learning.ipynb"
 
 # The doctor checks that name issue 14's pitfalls, in the notebook's order: weights,

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("timm")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 NOTEBOOK = ROOT / "examples" / "model_zoo.ipynb"
 
 

@@ -17,12 +17,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
 from checkpoint_helpers import assert_same, batches, structure
+from paths import ROOT, TESTS
 from test_checkpoint import build_net
 from torchmagic.core import export as export_script
 from torchmagic.core.advice import spelled
 from torchmagic.core.errors import TorchMagicError
 
-TESTS = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 
 
 def filled(text: str, constructors: str) -> str:
@@ -109,7 +110,7 @@ def test_export_magic_writes_and_refuses_other_names(ip, tmp_path):
 
 _BUILD = """\
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {paths!r}
 from test_checkpoint import build_net
 from test_export import _loader
 net, opt, sched = build_net(seed=4)
@@ -158,8 +159,9 @@ def test_every_command_replays_in_a_fresh_process(tmp_path):
     assert "torchrun --nproc_per_node=2" in text
     out = tmp_path / "done.json"
     job = tmp_path / "filled.py"
-    job.write_text(filled(text, _BUILD.format(tests=str(TESTS))) + _REPORT.format(out=str(out)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    paths = [str(HERE), str(TESTS)]
+    job.write_text(filled(text, _BUILD.format(paths=paths)) + _REPORT.format(out=str(out)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *paths])}
     run = subprocess.run(
         [sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -177,7 +179,7 @@ def test_the_unfilled_skeleton_says_so(tmp_path):
     tm = torchmagic.Session(net, opt)
     tm.freeze("stem")
     tm.export(tmp_path / "job.py")
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     run = subprocess.run(
         [sys.executable, str(tmp_path / "job.py")], env=env, capture_output=True, text=True
     )

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from checkpoint_helpers import assert_same as assert_same_by_name
 from checkpoint_helpers import state, structure
+from paths import ROOT
 from snapshots import assert_same, snapshot
 from torchmagic.core.session import invariants
 from torchmagic.magics import loaded
@@ -40,7 +41,7 @@ pytest.importorskip("peft")
 def _small_resnet_class() -> type[nn.Module]:
     """The quickstart's ResNet-18 layout (examples/digits.py), loaded from its file."""
     spec = importlib.util.spec_from_file_location(
-        "digits_example", Path(__file__).resolve().parent.parent / "examples/digits.py"
+        "digits_example", ROOT / "examples/digits.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -24,7 +24,8 @@ from types import ModuleType
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 
 

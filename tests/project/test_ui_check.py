@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
 
 
 def _tools() -> tuple[ModuleType, ModuleType]:

@@ -17,7 +17,8 @@ from types import ModuleType
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 NOTEBOOK = ROOT / "examples" / "cluster_handover.ipynb"
 HANDOVER = ROOT / "build" / "handover"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from IPython.core.completer import provisionalcompleter
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from paths import ROOT
 from torchmagic.core import completion
 from torchmagic.core.workspace import Workspace
 from torchmagic.magics.completion import (
@@ -28,8 +28,6 @@ from torchmagic.magics.completion import (
     MagicCompleter,
 )
 from torchmagic.manifest import load_manifest, magic_entry
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Net(nn.Module):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
 
 
 def _load() -> ModuleType:
