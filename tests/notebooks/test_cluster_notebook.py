@@ -9,27 +9,16 @@ bit, the ranks agree, and the adapters came back and trained while their base st
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 from paths import ROOT
+from real_kernel import execute_notebook
 
 NOTEBOOK = ROOT / "examples" / "cluster_handover.ipynb"
 HANDOVER = ROOT / "build" / "handover"
-
-
-def _runner() -> ModuleType:
-    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _weights(name: str) -> dict[str, torch.Tensor]:
@@ -40,13 +29,10 @@ def _weights(name: str) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(1800)
 def test_the_handover_continues_bit_for_bit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     for old in HANDOVER.glob("*.pt"):  # a previous run's files must not pass this one
         old.unlink()
 
-    nb = _runner().execute_notebook(NOTEBOOK, out=tmp_path / "executed.ipynb", echo=False)
+    nb = execute_notebook(NOTEBOOK, out=tmp_path / "executed.ipynb")
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]

@@ -7,9 +7,7 @@ training step after the surgery).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import nbformat
 import pytest
@@ -18,17 +16,9 @@ pytest.importorskip("timm")
 pytest.importorskip("transformers")
 
 from paths import ROOT
+from real_kernel import execute_notebook
 
 NOTEBOOK = ROOT / "examples" / "model_zoo.ipynb"
-
-
-def _runner() -> ModuleType:
-    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _plain(cell: nbformat.NotebookNode) -> str:
@@ -45,7 +35,7 @@ def test_model_zoo_notebook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         "TRANSFORMERS_OFFLINE": "1",
     }.items():
         monkeypatch.setenv(key, str(value))
-    nb = _runner().execute_notebook(NOTEBOOK, out=tmp_path / "model_zoo.ipynb", echo=False)
+    nb = execute_notebook(NOTEBOOK, out=tmp_path / "model_zoo.ipynb")
 
     cells = [c for c in nb.cells if c.cell_type == "code"]
     assert not [c.source for c in cells for o in c.outputs if o.output_type == "error"]

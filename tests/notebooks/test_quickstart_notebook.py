@@ -14,28 +14,17 @@ has a generous limit of its own instead of the suite's default.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import os
 import re
 from pathlib import Path
-from types import ModuleType
 
 import nbformat
 import pytest
 
 from paths import ROOT
+from real_kernel import execute_notebook, runner
 
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
-
-
-def _runner() -> ModuleType:
-    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -56,10 +45,8 @@ def _is_magic(cell: nbformat.NotebookNode) -> bool:
 
 @pytest.fixture
 def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The kernel inherits this environment: keep torch away from ~/.cache, and on one
-    thread like the rest of the suite (see conftest.py) unless OMP_NUM_THREADS is set."""
+    """The kernel inherits this environment: keep torch away from ~/.cache."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     return tmp_path
 
 
@@ -67,7 +54,7 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 @pytest.mark.timeout(1800)
 def test_quickstart_runs_and_transfer_wins_with_few_labels(isolated_env: Path) -> None:
     out = isolated_env / "quickstart.ipynb"
-    nb = _runner().execute_notebook(NOTEBOOK, out=out, echo=False)
+    nb = execute_notebook(NOTEBOOK, out=out)
     assert out.exists()
 
     cells = _code_cells(nb)
@@ -128,7 +115,6 @@ def _curve_table(cells: list[nbformat.NotebookNode]) -> dict[str, tuple[float, f
 def test_runner_reports_the_failing_cell(
     isolated_env: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runner = _runner()
     monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # echo every in-place update
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     path = isolated_env / "broken.ipynb"
@@ -169,7 +155,6 @@ def test_runner_reports_the_failing_cell(
 
 def test_runner_sets_no_cell_time_limit_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loaded machine makes a healthy cell slow; only an explicit --timeout limits it."""
-    runner = _runner()
     assert inspect.signature(runner.execute_notebook).parameters["timeout"].default is None
     limits: list[int | None] = []
     monkeypatch.setattr(

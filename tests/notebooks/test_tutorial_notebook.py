@@ -11,16 +11,14 @@ runs on one thread, offline (TORCH_HOME in a tmp dir).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 from pathlib import Path
-from types import ModuleType
 
 import nbformat
 import pytest
 
 from paths import ROOT
+from real_kernel import execute_notebook
 
 NOTEBOOK = ROOT / "examples" / "gpu_and_transfer_learning.ipynb"
 
@@ -40,15 +38,6 @@ PITFALL_CHECKS = (
 # A finding's first row in the doctor's table: "warning │ bn-drift │ where │ problem".
 # a finding as a table row, or as a block's first line where the table would not fit
 FINDING_ROW = re.compile(r"^\s*(?:error|warning|info)\s+[│·]\s+([a-z-]+)\s+[│·]", re.M)
-
-
-def _runner() -> ModuleType:
-    """tools/run_notebook.py, imported by path (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "tools/run_notebook.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _plain(cell: nbformat.NotebookNode) -> str:
@@ -86,10 +75,7 @@ def _tagged(cells: list[nbformat.NotebookNode], kind: str) -> dict[str, list[int
 def test_tutorial_catches_each_pitfall(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # the kernel inherits this environment
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
-    nb = _runner().execute_notebook(NOTEBOOK, out=tmp_path / "tutorial.ipynb", echo=False)
+    nb = execute_notebook(NOTEBOOK, out=tmp_path / "tutorial.ipynb")
 
     cells = [c for c in nb.cells if c.cell_type == "code"]
     assert not [c.source for c in cells for o in c.outputs if o.output_type == "error"]

@@ -5,7 +5,6 @@ and new labels; bf16 autocast on; after an applied %lr_find."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,21 +16,12 @@ import torch
 
 import torchmagic
 from checkpoint_helpers import assert_same
-from paths import ROOT, TESTS
+from paths import TESTS
+from real_kernel import execute_notebook
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 CASES = ("resnet18", "convnext", "bert", "lr_find", "bf16")
-
-
-def _run_notebook_module():
-    spec = importlib.util.spec_from_file_location(
-        "run_notebook", ROOT / "tools/run_notebook.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _kernel_cells(saved: dict, after: dict) -> list[str]:
@@ -123,11 +113,10 @@ def _resume_script(saved: dict, after: dict) -> str:
     )
 
 
-def test_saved_in_a_real_kernel_resumed_in_a_fresh_process(tmp_path, monkeypatch):
+def test_saved_in_a_real_kernel_resumed_in_a_fresh_process(tmp_path):
     """Weights, optimizer state by name, flags, every group's hyper-parameters and the
     scheduler's state agree exactly after both went on training."""
     src = str(Path(torchmagic.__file__).resolve().parents[1])
-    monkeypatch.setenv("PYTHONPATH", src)  # the kernel imports this tree's torchmagic
     saved = {case: tmp_path / f"{case}.pt" for case in CASES}
     in_kernel = {case: tmp_path / f"{case}-kernel.pt" for case in CASES}
     in_script = {case: tmp_path / f"{case}-script.pt" for case in CASES}
@@ -144,7 +133,7 @@ def test_saved_in_a_real_kernel_resumed_in_a_fresh_process(tmp_path, monkeypatch
     cells.insert(1, common)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbformat.write(nb, tmp_path / "save.ipynb")
-    executed = _run_notebook_module().execute_notebook(tmp_path / "save.ipynb", echo=False)
+    executed = execute_notebook(tmp_path / "save.ipynb")
     shown = executed.cells[cells.index(f"%tm save {saved['resnet18']}")].outputs[0]["data"]
     assert "text/html" in shown and "%unfreeze layer3 lr=1e-4" in shown["text/plain"]
     script = tmp_path / "resume.py"
