@@ -16,7 +16,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from test_lora_lm import IDS, llama  # noqa: E402
+from builders import IDS, llama  # noqa: E402
 
 TARGETS = [f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in ("q_proj", "v_proj")]
 

@@ -13,6 +13,7 @@ import torch
 import torchvision
 from IPython.core.error import UsageError
 
+from builders import tiny_bert
 from torchmagic import Session
 from torchmagic.core.modules import unwrap
 
@@ -31,16 +32,7 @@ def peft_vit(modules_to_save=("head",)):
 
 
 def peft_bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=50,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=3,
-    )
-    bert = transformers.BertForSequenceClassification(config)
+    bert = tiny_bert()
     lora = peft.LoraConfig(r=4, target_modules=["query", "value"], task_type="SEQ_CLS")
     return bert, peft.get_peft_model(bert, lora)
 

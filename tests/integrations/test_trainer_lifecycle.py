@@ -16,7 +16,7 @@ from torchmagic.core.errors import TorchMagicError
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from test_lora_lm import llama  # noqa: E402
+from builders import llama  # noqa: E402
 from test_lora_trainer import Batches  # noqa: E402
 
 LAYER = "trainer.model.model.layers.0"

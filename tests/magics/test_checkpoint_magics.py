@@ -7,10 +7,9 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from checkpoint_helpers import assert_same, state, structure, train
+from checkpoint_helpers import assert_same, build_net, loader, state, structure, train
 from snapshots import assert_same as assert_unchanged
 from snapshots import snapshot
-from test_checkpoint import build_net, loader
 
 
 def _notebook(ip, path) -> tuple:

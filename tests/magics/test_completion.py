@@ -17,6 +17,7 @@ from IPython.core.completer import provisionalcompleter
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from completions import complete
 from paths import ROOT
 from torchmagic.core import completion
 from torchmagic.core.workspace import Workspace
@@ -71,16 +72,6 @@ def shell(ip):
     ip.user_ns["opt"] = torch.optim.SGD(ip.user_ns["model"].parameters(), lr=0.1)
     ip.run_line_magic("tm", "use model")
     return ip
-
-
-def complete(shell, text: str) -> list[str]:
-    """The candidates for the cursor at the end of ``text``, each checked to replace
-    just the word being typed."""
-    word = text.split(" ")[-1]
-    with provisionalcompleter():
-        found = list(shell.Completer.completions(text, len(text)))
-    assert all(c.start == len(text) - len(word) and c.end == len(text) for c in found)
-    return [c.text for c in found]
 
 
 # -- module paths ------------------------------------------------------------------

@@ -6,22 +6,9 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import torchmagic
+from builders import TRAINING_CELL as SETUP
 from cuda_fakes import fake_cuda
 from torchmagic.core.training import amp as amp_module
-
-SETUP = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-torch.manual_seed(0)
-centers = torch.randn(3, 8) * 4
-y = torch.randint(0, 3, (120,))
-x = centers[y] + torch.randn(120, 8)
-train = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True)
-val = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=20)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-"""
 
 
 def run(ip, source):

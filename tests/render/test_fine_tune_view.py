@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from builders import blobs
 from torchmagic import Session, render
 from torchmagic.core.training.fit_events import EpochMetrics, FitHistory, FitStart, StepInfo
 from torchmagic.render import chart
@@ -112,13 +113,6 @@ def test_the_view_keeps_its_height_across_the_close_and_never_shrinks():
     assert heights == sorted(heights) and heights[-1] == heights[-2]
 
 
-def blobs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(4, 8, generator=g) * 4
-    y = torch.randint(0, 4, (n,), generator=g)
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
 def _fine_tune(observer: object | None = None, blocks: int = 2):
     """A real fine_tune of a model with ``blocks`` bodies and a head ``fc``."""
     torch.manual_seed(0)
@@ -128,8 +122,8 @@ def _fine_tune(observer: object | None = None, blocks: int = 2):
     layers["fc"] = nn.Linear(8, 4)
     model = nn.Sequential(layers)
     session = Session(model, torch.optim.SGD(model.parameters(), lr=1e-2))
-    train = DataLoader(TensorDataset(*blobs(64, 0)), batch_size=16)
-    val = DataLoader(TensorDataset(*blobs(32, 1)), batch_size=32)
+    train = DataLoader(TensorDataset(*blobs(64, seed=0)), batch_size=16)
+    val = DataLoader(TensorDataset(*blobs(32, seed=1)), batch_size=32)
     return session.fine_tune(train, val=val, epochs=2, observer=observer)
 
 

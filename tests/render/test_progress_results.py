@@ -5,11 +5,11 @@ as a front end runs them)."""
 import pytest
 from IPython.utils.capture import capture_output
 
-from test_training_magics import SETUP as TRAINING_SETUP
+from builders import TRAINING_CELL
 from torchmagic.magics.shown import ShownResult
 
 # the training magics' three blobs, with a cosine schedule bound
-SETUP = TRAINING_SETUP + "cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10)\n"
+SETUP = TRAINING_CELL + "cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 10)\n"
 
 
 def cell(ip, source):

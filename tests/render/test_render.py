@@ -551,16 +551,14 @@ def test_html_marks_the_key_columns_ui_check_looks_for():
     assert keyed == ["module", "state", "params"]
 
 
-def test_html_cells_keep_their_own_styles():
+def test_html_cells_keep_their_own_styles(resnet):
     """A cell that is a styled Text (a state's colour, a link) keeps its style in the
     HTML, drawn from its own segments as rich would draw it."""
     import torch
-    import torchvision
 
     from torchmagic import Session
 
-    model = torchvision.models.resnet18(weights=None)
-    tm = Session(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    tm = Session(resnet, torch.optim.SGD(resnet.parameters(), lr=0.1))
     tm.freeze("layer1")
     html_text = render.render(tm.summary(depth=1), 100).html()
     for state in ("frozen", "trainable", "partial"):

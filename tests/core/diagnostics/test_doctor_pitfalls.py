@@ -152,8 +152,8 @@ def test_weights_categories_no_longer_name_a_hand_made_head():
 # normalisation and resolution against the weights -------------------------------------
 
 
-def test_normalize_that_is_not_the_weights_own():
-    model = torchvision.models.resnet18(weights=None)
+def test_normalize_that_is_not_the_weights_own(resnet):
+    model = resnet
     wrong = transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     ns = {**trained(model), "weights": ResNet18_Weights.DEFAULT}
     ns["loader"] = DataLoader(Images(range(2), size=224, transform=wrong), batch_size=2)

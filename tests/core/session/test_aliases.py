@@ -5,16 +5,14 @@ import types
 
 import pytest
 import torch
-import torchvision
 
+from builders import resnet18_sgd
 from snapshots import assert_same, snapshot
 from torchmagic import Session
 
 
 def _learner():
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None, num_classes=4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = resnet18_sgd()
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     opt.step()
     return types.SimpleNamespace(model=model, opt=opt)

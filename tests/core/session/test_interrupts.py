@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from torch import nn
 from torch.autograd import grad_mode
 
 import torchmagic.core
+from builders import cnn_with_decay_groups
 from snapshots import equal
 from torchmagic import Change, Session, render
 from torchmagic.core.surgery import optimizer_sync
@@ -86,10 +86,6 @@ class Injector:
 # -- the world a command runs in ---------------------------------------------------------
 
 
-def _block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
-
-
 @dataclass
 class World:
     model: nn.Module
@@ -105,23 +101,7 @@ class World:
 
 def build() -> World:
     """A tiny CNN whose optimizer has decay / no-decay groups, state and gradients."""
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        OrderedDict(
-            stem=_block(3, 4),
-            block1=_block(4, 4),
-            block2=_block(4, 4),
-            pool=nn.AdaptiveAvgPool2d(1),
-            flat=nn.Flatten(),
-            fc=nn.Linear(4, 3),
-        )
-    )
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW(
-        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-2, weight_decay=0.01
-    )
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    model, opt, sched = cnn_with_decay_groups()
     world = World(model, opt, sched, Session(model, opt, schedulers=[sched]))
     world.step()
     world.model(torch.randn(2, 3, 6, 6)).sum().backward()  # gradients present

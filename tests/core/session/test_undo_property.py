@@ -1,40 +1,18 @@
 """Property: any sequence of successful edits followed by as many undos restores the
 model and optimizer exactly (weights, flags, modules, hooks, groups, state)."""
 
-from collections import OrderedDict
-
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from builders import cnn_with_decay_groups
 from snapshots import assert_same, snapshot
 from torchmagic import Session, TorchMagicError
 
 
-def block(cin, cout):
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
-
-
 def build():
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        OrderedDict(
-            stem=block(3, 4),
-            block1=block(4, 4),
-            block2=block(4, 4),
-            pool=nn.AdaptiveAvgPool2d(1),
-            flat=nn.Flatten(),
-            fc=nn.Linear(4, 3),
-        )
-    )
-    # decay / no-decay groups, as timm's and Hugging Face's factories build them
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW(
-        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-2, weight_decay=0.01
-    )
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    model, opt, sched = cnn_with_decay_groups()
     model(torch.randn(2, 3, 8, 8)).sum().backward()
     opt.step()
     sched.step()

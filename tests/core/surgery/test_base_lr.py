@@ -2,25 +2,17 @@
 (reference group's lr / reference group's base lr) at the command and at every step after,
 through restarts, warmup ends and cycle peaks, for each of torch's 15 schedulers."""
 
-from collections import OrderedDict
 
 import pytest
 import torch
-from torch import nn
 from torch.optim import lr_scheduler as S
 
+from builders import named_mlp
 from torchmagic import Session
 from torchmagic.core.surgery import scheduler_sync
 
 LR = 0.05  # the optimizer's lr: the base of every schedule but the two cyclic ones
 X = 1e-3  # the base lr typed for the unfrozen block
-
-
-def tiny():
-    torch.manual_seed(0)
-    return nn.Sequential(
-        OrderedDict(body1=nn.Linear(6, 8), act=nn.ReLU(), body2=nn.Linear(8, 8), fc=nn.Linear(8, 3))
-    )
 
 
 # name: (build, steps before the command, steps after, the reference group's base lr)
@@ -78,7 +70,7 @@ def train_step(model, opt, sched):
 
 
 def setup(build, steps):
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     sched = build(opt)
     for _ in range(steps):
@@ -129,7 +121,7 @@ def test_warm_restart_gives_the_typed_lr_not_41x():
 
 
 def test_warmup_at_factor_zero_blocks_nothing():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     sched = S.LambdaLR(opt, lambda e: e / 4)  # lr 0 on the first step
     tm = Session(model, opt, schedulers=[sched])
@@ -145,7 +137,7 @@ def test_warmup_at_factor_zero_blocks_nothing():
 
 
 def test_base_lr_without_scheduler_is_the_lr():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     Session(model, opt).unfreeze("body1", lr=X)
     assert opt.param_groups[-1]["lr"] == X
@@ -154,13 +146,13 @@ def test_base_lr_without_scheduler_is_the_lr():
 
 
 def test_schedule_name_is_the_stepped_scheduler():
-    opt = torch.optim.SGD(tiny().parameters(), lr=LR)
+    opt = torch.optim.SGD(named_mlp().parameters(), lr=LR)
     seq = S.SequentialLR(opt, [S.LinearLR(opt, 0.1, total_iters=2), S.ExponentialLR(opt, 0.9)], [2])
     assert scheduler_sync.schedule_name(scheduler_sync.flatten([seq])) == "SequentialLR"
 
 
 def test_discriminative_spread_values_are_bases():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     sched = S.CosineAnnealingWarmRestarts(opt, T_0=10)
     for _ in range(5):

@@ -2,13 +2,13 @@
 shape), schedulers held by other objects are found (``trainer.scheduler``), and anything
 else that holds the optimizer and keeps per-group lists makes group-adding commands refuse."""
 
-from collections import OrderedDict
 
 import pytest
 import torch
 from torch import nn
 from torch.optim import lr_scheduler as S
 
+from builders import named_mlp
 from snapshots import assert_same, snapshot
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.diagnostics.doctor import diagnose
@@ -18,13 +18,6 @@ timm_scheduler = pytest.importorskip("timm.scheduler")
 
 LR = 1e-2
 X = 1e-3
-
-
-def tiny():
-    torch.manual_seed(0)
-    return nn.Sequential(
-        OrderedDict(body1=nn.Linear(6, 8), act=nn.ReLU(), body2=nn.Linear(8, 8), fc=nn.Linear(8, 3))
-    )
 
 
 def cosine(opt):
@@ -38,11 +31,11 @@ def by_name(opt, name):
 
 
 def test_timm_cosine_with_warmup_drives_the_unfrozen_block_like_the_head():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     sched = cosine(opt)
     # the twin had body1 in its own group at base X from the start
-    twin = tiny()
+    twin = named_mlp()
     body1 = list(twin.body1.parameters())
     rest = [p for p in twin.parameters() if all(p is not q for q in body1)]
     twin_opt = torch.optim.AdamW(
@@ -71,7 +64,7 @@ def test_timm_cosine_with_warmup_drives_the_unfrozen_block_like_the_head():
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # timm deprecates its plateau
 def test_timm_plateau_extends_its_inner_torch_scheduler():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     sched = timm_scheduler.PlateauLRScheduler(opt, decay_rate=0.5, patience_t=0)
     tm = Session(model, opt, schedulers=[sched])
@@ -93,7 +86,7 @@ class Trainer:
 
 @pytest.mark.parametrize("make", [lambda o: S.StepLR(o, 2), cosine], ids=["torch", "timm"])
 def test_scheduler_held_by_a_trainer_is_found(make):
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     trainer = Trainer(opt, make(opt))
     tm = Session(namespace={"model": model, "optimizer": opt, "trainer": trainer})
@@ -119,7 +112,7 @@ class WarmupThing:
 
 
 def test_foreign_scheduler_refuses_adding_a_group_and_changes_nothing():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ns = {"model": model, "optimizer": opt, "trainer": Trainer(opt, WarmupThing(opt))}
     tm = Session(namespace=ns)
@@ -135,7 +128,7 @@ def test_foreign_scheduler_refuses_adding_a_group_and_changes_nothing():
 
 
 def test_doctor_reports_foreign_and_out_of_step_timm_schedulers():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ns = {"model": model, "optimizer": opt, "warmup": WarmupThing(opt)}
     assert any("WarmupThing" in f.message for f in diagnose(ns).findings)

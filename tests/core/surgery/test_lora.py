@@ -11,6 +11,8 @@ import torchvision
 from IPython.core.error import UsageError
 from torch import nn
 
+from builders import text_loaders, tiny_bert
+from completions import complete
 from torchmagic import Session
 from torchmagic.core.integrations import peft as peft_room
 from torchmagic.core.surgery.optimizer_sync import group_index
@@ -353,8 +355,6 @@ def test_a_peft_model_gets_more_adapters():
 
 
 def test_fit_trains_bert_adapters_on_dict_batches():
-    from test_hf_text_batches import loaders, tiny_bert
-
     model = tiny_bert(dropout=0.0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tm = Session(model, opt)
@@ -363,7 +363,7 @@ def test_fit_trains_bert_adapters_on_dict_batches():
     query = model.bert.encoder.layer[0].attention.self.query
     base = query.base_layer.weight.detach().clone()
     b = query.lora_B["default"].weight.detach().clone()
-    train, val = loaders()
+    train, val = text_loaders()
     history = tm.fit(train, val=val, epochs=1)
     assert history.steps > 0
     assert torch.equal(query.base_layer.weight, base)
@@ -393,8 +393,6 @@ def test_magics(ip):
 
 
 def test_tab_completion_offers_subcommands_targets_and_options(ip):
-    from test_completion import complete
-
     ip.user_ns["model"] = vit()
     assert {"merge", "off", "on", "blocks"} <= set(complete(ip, "%lora "))
     assert "blocks.0.attn.qkv" in complete(ip, "%lora blocks.0.attn.q")
@@ -403,8 +401,6 @@ def test_tab_completion_offers_subcommands_targets_and_options(ip):
 
 
 def test_bert_embeddings_are_adapted_and_merged_back():
-    from test_hf_text_batches import tiny_bert
-
     model = tiny_bert(dropout=0.0).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))

@@ -1,9 +1,8 @@
 """%replace_head on a head carrying LoRA adapters is refused in one line, nothing changed."""
 
 import pytest
-import torch
-import torchvision
 
+from builders import resnet18_sgd
 from snapshots import assert_same, snapshot
 from torchmagic import Session
 from torchmagic.core.errors import TorchMagicError
@@ -12,10 +11,7 @@ pytest.importorskip("peft")
 
 
 def _adapted():
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None, num_classes=4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return model, opt
+    return resnet18_sgd()
 
 
 def test_session_refuses_a_head_with_adapters():

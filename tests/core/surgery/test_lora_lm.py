@@ -10,43 +10,12 @@ import torch
 from IPython.core.error import UsageError
 from torch import nn
 
+from builders import IDS, gpt2, llama
 from torchmagic import Session
 from torchmagic.core.integrations import peft as peft_room
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
-
-IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
-
-
-def gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=64,
-        n_positions=16,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return transformers.GPT2LMHeadModel(config)
-
-
-def llama() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-    )
-    return transformers.LlamaForCausalLM(config)
-
 
 def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 3) -> None:
     """The same hand loop on both twins: next-token loss, backward, step."""

@@ -2,24 +2,15 @@
 groups follow the schedule from their own base lr (tests/test_base_lr.py checks the values
 step by step)."""
 
-from collections import OrderedDict
 
 import pytest
 import torch
-from torch import nn
 from torch.optim import lr_scheduler as S
 
+from builders import named_mlp
 from snapshots import assert_same, snapshot
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.surgery import scheduler_sync
-
-
-def tiny():
-    torch.manual_seed(0)
-    return nn.Sequential(
-        OrderedDict(body1=nn.Linear(6, 8), act=nn.ReLU(), body2=nn.Linear(8, 8), fc=nn.Linear(8, 3))
-    )
-
 
 SCHEDULERS = {
     "StepLR": lambda o: S.StepLR(o, step_size=2, gamma=0.5),
@@ -56,7 +47,7 @@ def train_step(model, opt, sched):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_scheduler_keeps_working(name):
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = SCHEDULERS[name](opt)
     for _ in range(2):
@@ -81,7 +72,7 @@ def test_scheduler_keeps_working(name):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_undo_restores_scheduler_lists(name):
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = SCHEDULERS[name](opt)
     train_step(model, opt, sched)
@@ -94,7 +85,7 @@ def test_undo_restores_scheduler_lists(name):
 
 
 def test_a_schedule_at_zero_blocks_nothing():
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sched = S.LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=2)
     for _ in range(2):
@@ -117,7 +108,7 @@ def test_refuses_unknown_per_group_list():
             return [b * s for b, s in zip(self.base_lrs, self.scales, strict=True)]
 
     Custom.__module__ = "user_code"
-    model = tiny()
+    model = named_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sched = Custom(opt)
     tm = Session(model, opt, schedulers=[sched])

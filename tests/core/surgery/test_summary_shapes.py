@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchvision
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch import nn
@@ -85,8 +84,8 @@ def test_lazy_modules_are_refused() -> None:
         Session(nn.Sequential(nn.LazyLinear(3))).summary(input_shape=(1, 3))
 
 
-def test_the_magic_and_its_alias(ip) -> None:
-    ip.user_ns["model"] = torchvision.models.resnet18(weights=None)
+def test_the_magic_and_its_alias(ip, resnet) -> None:
+    ip.user_ns["model"] = resnet
     with capture_output() as cap:
         ip.run_line_magic("summary", "--depth 1 --input-shape 1,3,64,64")
         ip.run_line_magic("summary", "--depth 1 --input-size 1x3x64x64")

@@ -5,31 +5,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from builders import batchnorm_mlp, blobs
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.training.recipe import fine_tune_blocks
 from torchmagic.render import render
 
 
-def blobs(n=120, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, 8, generator=g) * 4
-    y = torch.randint(0, classes, (n,), generator=g)
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
 def build():
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        OrderedDict(
-            body=nn.Linear(8, 16),
-            norm=nn.BatchNorm1d(16),
-            act=nn.ReLU(),
-            mid=nn.Linear(16, 16),
-            fc=nn.Linear(16, 4),
-        )
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x, y = blobs()
+    model, opt = batchnorm_mlp()
+    x, y = blobs(120)
     train = DataLoader(
         TensorDataset(x, y), batch_size=30, shuffle=True, generator=torch.Generator().manual_seed(0)
     )

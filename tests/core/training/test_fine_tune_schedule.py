@@ -2,17 +2,16 @@
 a fresh OneCycleLR per phase with fastai's conventions, BatchNorm of the frozen body per
 policy in the head phase, and the optimizer left at its base lrs after each phase."""
 
-from collections import OrderedDict
 
 import pytest
 import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
-from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchmagic
+from builders import batchnorm_mlp, blobs
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.advice import spelled
 from torchmagic.magics.spelling import magic_line
@@ -21,32 +20,15 @@ from torchmagic.render import render
 SCHEDULE_KEYS = ("initial_lr", "max_lr", "min_lr")
 
 
-def blobs(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(4, 8, generator=g) * 4
-    y = torch.randint(0, 4, (n,), generator=g)
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
 def build():
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        OrderedDict(
-            body=nn.Linear(8, 16),
-            norm=nn.BatchNorm1d(16),
-            act=nn.ReLU(),
-            mid=nn.Linear(16, 16),
-            fc=nn.Linear(16, 4),
-        )
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = batchnorm_mlp()
     train = DataLoader(
-        TensorDataset(*blobs(100, 0)),
+        TensorDataset(*blobs(100, seed=0)),
         batch_size=20,
         shuffle=True,
         generator=torch.Generator().manual_seed(0),
     )
-    val = DataLoader(TensorDataset(*blobs(40, 1)), batch_size=40)
+    val = DataLoader(TensorDataset(*blobs(40, seed=1)), batch_size=40)
     return model, opt, train, val
 
 

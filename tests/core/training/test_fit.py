@@ -6,16 +6,9 @@ from torch import nn
 from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
+from builders import blobs
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.training.fit_events import StopReason
-
-
-def blobs(n=200, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, 8, generator=g) * 4
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = centers[y] + torch.randn(n, 8, generator=g)
-    return x, y
 
 
 def mlp(classes=4):
@@ -28,7 +21,7 @@ def mlp(classes=4):
 
 
 def loaders(batch=20):
-    x, y = blobs()
+    x, y = blobs(200)
     train = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
     val = DataLoader(TensorDataset(*blobs(60, seed=0)), batch_size=30)
     return train, val

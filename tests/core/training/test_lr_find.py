@@ -9,16 +9,10 @@ from torch import nn
 from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
+from builders import blobs
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.training.lr_find import _steepest
 from torchmagic.render import render
-
-
-def blobs(n=200, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, 8, generator=g) * 4
-    y = torch.randint(0, classes, (n,), generator=g)
-    return centers[y] + torch.randn(n, 8, generator=g), y
 
 
 def bn_model():
@@ -34,7 +28,7 @@ def bn_model():
 
 
 def loader(seed=0):
-    x, y = blobs()
+    x, y = blobs(200)
     g = torch.Generator().manual_seed(seed)
     return DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True, generator=g)
 

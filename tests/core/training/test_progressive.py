@@ -9,19 +9,13 @@ from torch import nn
 from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
+from builders import blobs
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.advice import spelled
 from torchmagic.core.training.fit_events import StopReason
 from torchmagic.core.training.progressive import Pacer, Pacing
 from torchmagic.magics.spelling import magic_line
 from torchmagic.render import TerminalProgress, render
-
-
-def blobs(n=200, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, 8, generator=g) * 4
-    y = torch.randint(0, classes, (n,), generator=g)
-    return centers[y] + torch.randn(n, 8, generator=g), y
 
 
 def model4():
@@ -40,7 +34,7 @@ def model4():
 
 
 def train_loader():
-    x, y = blobs()
+    x, y = blobs(200)
     g = torch.Generator().manual_seed(0)
     return DataLoader(TensorDataset(x, y), batch_size=50, shuffle=True, generator=g)
 
