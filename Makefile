@@ -94,4 +94,4 @@ pty-check: $(VENV_STAMP)
 # UsageError or a success, and a refusal changes nothing.
 FUZZ_EXAMPLES ?= 5000
 fuzz: $(VENV_STAMP)
-	TORCHMAGIC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTHON) -m pytest -q tests/test_fuzz.py
+	TORCHMAGIC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTHON) -m pytest -q tests/magics/test_fuzz.py

@@ -1,4 +1,5 @@
-"""What the checkpoint tests compare: a model and its optimizer by name, exactly."""
+"""What the checkpoint tests compare (a model and its optimizer by name, exactly) and the
+small setups they save and resume."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torchvision
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from snapshots import equal
 
@@ -145,3 +147,37 @@ def everything(model: nn.Module, opt: torch.optim.Optimizer, scheduler) -> dict:
         "state": state(model, opt),
         "scheduler": scheduler.state_dict(),
     }
+
+
+class Net(nn.Module):
+    """Small, with BatchNorm and Dropout (which draws from the global generator)."""
+
+    def __init__(self, classes: int = 10, head: str = "fc", width: int = 8) -> None:
+        super().__init__()
+        self.head_name = head
+
+        def block(c_in: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(c_in, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()
+            )
+
+        self.stem, self.layer1, self.layer2 = block(3), block(width), block(width)
+        self.pool, self.drop = nn.AdaptiveAvgPool2d(1), nn.Dropout(0.2)
+        setattr(self, head, nn.Linear(width, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.layer2(self.layer1(self.stem(x)))).flatten(1)
+        return getattr(self, self.head_name)(self.drop(x))
+
+
+def build_net(seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    model = Net(**kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)
+    return model, opt, sched
+
+
+def loader() -> DataLoader:
+    data = batches(1, (24, 3, 8, 8), 4, seed=3)[0]
+    return DataLoader(TensorDataset(*data), batch_size=6, shuffle=True)

@@ -1,5 +1,11 @@
 """Shared fixtures: offline torch home, small models, a fresh IPython shell per test.
 
+The test folders have no ``__init__.py``: this folder is on ``sys.path``, so the helper
+modules beside this file import by name from any folder - ``builders`` (models,
+optimizers and data several folders build alike), ``paths`` (where the repository is),
+``snapshots``, ``checkpoint_helpers``, ``cuda_fakes``, ``gloo_ranks``, ``real_kernel``
+(kernels and the one notebook runner) and ``completions``.
+
 The suite runs torch on one intra-op thread unless OMP_NUM_THREADS says otherwise: its
 models are small, and on a busy machine a preempted second OpenMP thread stalls every
 parallel region of the first (the same tests took about five times longer with two

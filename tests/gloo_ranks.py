@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import torchmagic
+from paths import TESTS
 
 
 def _free_port() -> int:
@@ -28,7 +29,7 @@ def run_ranks(script: str, world: int, timeout_s: float, *args: str) -> None:
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([src, str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
     }
     procs = [

@@ -5,7 +5,7 @@ options and subcommand tables, their docstrings (summaries), the ``TorchMagics``
     python tools/gen_manifest.py          # rewrite extension.json
     python tools/gen_manifest.py --check  # exit 1 when extension.json is out of date
 
-tests/test_manifest.py fails when the committed file differs from what this writes.
+tests/project/test_manifest.py fails when the committed file differs from what this writes.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ KERNEL_START_TIMEOUT_S = 300  # nbclient's 60 s default is too short for a loade
 PROGRESS_EVERY_S = 10.0  # how often an in-place display's changes are echoed
 
 
-def _write_kernelspec(folder: Path) -> None:
-    """A kernelspec that launches ipykernel with the current interpreter.
+def write_kernelspec(folder: Path, env: dict[str, str] | None = None) -> None:
+    """A kernelspec that launches ipykernel with the current interpreter, ``env`` added to
+    the environment it inherits (the tests' kernels put this tree's torchmagic first).
 
     OpenMP threads that wait for work sleep instead of spinning (unless OMP_WAIT_POLICY
     is set): on a busy machine spinning threads fight the other jobs for the cores, and a
@@ -48,7 +49,7 @@ def _write_kernelspec(folder: Path) -> None:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python 3 ({sys.executable})",
         "language": "python",
-        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")},
+        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **(env or {})},
     }
     spec_dir = folder / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
@@ -159,11 +160,13 @@ def execute_notebook(
     out: str | Path | None = None,
     echo: bool = True,
     timeout: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel with the notebook's folder as cwd.
 
     ``timeout`` limits each cell (seconds); None, the default, lets a cell take as long as
-    it needs, so that a loaded machine slows a run down instead of failing it.
+    it needs, so that a loaded machine slows a run down instead of failing it. ``env`` is
+    added to the environment the kernel inherits.
 
     Returns the executed notebook (also written to ``out`` if given, even when a cell
     fails, so the failure can be inspected). Raises ``NotebookCellError`` (a
@@ -172,7 +175,7 @@ def execute_notebook(
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="tm-kernels-") as kernels:
-        _write_kernelspec(Path(kernels))
+        write_kernelspec(Path(kernels), env)
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
             transport="ipc",  # unix sockets in a private temp folder, not open TCP ports

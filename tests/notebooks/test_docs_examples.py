@@ -33,14 +33,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]
+from paths import ROOT
+
 DOCS = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
 # The names the examples use: a resnet18 with random weights (never a download), its

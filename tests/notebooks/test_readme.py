@@ -21,7 +21,8 @@ import pytest
 import torch
 from torchvision.models import ResNet18_Weights, resnet18
 
-ROOT = Path(__file__).resolve().parents[2]
+from paths import ROOT  # noqa: E402
+
 FENCE = re.compile(r"^```python\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
 
 

@@ -1,5 +1,5 @@
 """What ui-check asserts about a probed page: plain data in (from probe.js and heights.js),
-failures out, so each rule is unit-tested without a browser (tests/test_ui_check.py)."""
+failures out, so each rule is unit-tested without a browser (tests/project/test_ui_check.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ colour, which moves it towards the foreground in light and dark themes alike: ``
 the share of the theme colour kept. The text colour is VS Code's editor foreground where
 it is defined (an output's own text there is a grey, ``#616161`` in the light themes,
 that leaves a mix of it under 4.5:1), else the output's (``currentColor``).
-tests/test_theme.py checks every role against the known defaults of each theme.
+tests/render/test_theme.py checks every role against the known defaults of each theme.
 """
 
 from __future__ import annotations
