@@ -266,7 +266,7 @@ class TopicMagics(Magics):
 
     def split(self, magic: MagicFunction, words: Sequence[str]) -> tuple[list[str], dict]:
         """Targets and the typed values of the magic's ``key=value`` options."""
-        options = {k.name: k for k in getattr(magic, "key_options", ())}
+        options = {k.name: k for k in usage_of(magic).key_options}
         targets, raw = split_options(words, tuple(options))
         return targets, {key: options[key].parse(text) for key, text in raw.items()}
 
