@@ -264,7 +264,7 @@ class Usage:
         return [self.entry("line"), *([self.entry("cell")] if self.cell else [])]
 
 
-class usage(magic_arguments):  # noqa: N801  (a decorator, named as IPython's)
+class usage(magic_arguments):  # a decorator, lower-case as IPython names its own
     """IPython's ``magic_arguments`` with what the help adds: one example and the magic's
     purpose in a few words (``%tm help``'s line), and the cell form if it has one.
 
