@@ -3,11 +3,12 @@
 A notebook hides what a terminal does to output: a line one column too long wraps, a
 transient progress that clears too much erases the lines above it. This tool starts
 ``ipython`` (prompt_toolkit, not ``--simple-prompt``) on a pseudo-terminal of each width,
-types a script of magics into it (a model, ``%freeze``, ``%summary``, a head swapped by
-hand and ``%tm doctor``'s finding, ``%fit``, ``%fine_tune``, a refused line), emulates the
-terminal with pyte and checks, per width:
+types a script of magics into it (``%tm help fit``, a model, ``%freeze``, ``%summary``, a
+head swapped by hand and ``%tm doctor``'s finding, ``%fit``, ``%fine_tune``, a refused
+line), emulates the terminal with pyte and checks, per width:
 
 * no output line is longer than the terminal (the emulator saw no character wrap),
+* ``%tm help fit`` answers with its usage and ends with where the reference is,
 * every line on screen or in the scrollback before ``%fine_tune`` is still there, in place,
   after it,
 * a refused line answers with exactly one line.
@@ -68,8 +69,10 @@ val_loader = DataLoader(TensorDataset(images[48:], labels[48:]), batch_size=8)
 """
 FINE_TUNE = "%fine_tune train_loader --val val_loader --epochs 1"
 REFUSED = "%fit train_loader --epoch 2"
+HELP = "%tm help fit"
 SCRIPT = (
     "%load_ext torchmagic",
+    HELP,
     "%run -i {setup}",
     "%freeze model.layer1",
     "%summary",
@@ -127,6 +130,9 @@ def judge(capture: Capture, before_fine_tune: Sequence[str]) -> None:
         capture.failures.append(f"a line longer than {capture.columns} columns: {line!r}")
     for line in lost_lines(before_fine_tune, capture.lines):
         capture.failures.append(f"%fine_tune erased or moved a line above it: {line!r}")
+    usage = answer_of(capture.lines, HELP)
+    if not usage or not usage[0].startswith("%fit ") or "reference:" not in usage[-1]:
+        capture.failures.append(f"{HELP!r} answered {usage[:1]} … {usage[-1:]}, not the usage")
     refusal = answer_of(capture.lines, REFUSED)
     if len(refusal) != 1:
         capture.failures.append(f"{REFUSED!r} answered {len(refusal)} lines, not one: {refusal}")

@@ -1,7 +1,8 @@
-"""The extension's manifest (extension.json), shipped in the package and read at run time.
+"""The extension's manifest (extension.json), shipped in the package and read at run time,
+and the layout of one magic's help text.
 
-tools/gen_manifest.py writes it from the magics' parsers, subcommand tables and traitlets
-config; ``%tm help`` and the usage lines of error messages read it from here.
+tools/gen_manifest.py writes the manifest from the magics' declarations (magics/usage.py)
+and the traitlets config; ``%tm help`` and completion read it from here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from functools import cache
 from importlib import resources
 
 from .core.errors import TorchMagicError
+
+REPOSITORY = "https://github.com/torchmagic/torchmagic"
+REFERENCE_FILE = "docs/magics.md"
+# The magics reference (pyproject.toml's Documentation URL); ``#name`` is a magic's anchor.
+REFERENCE = f"{REPOSITORY}/blob/main/{REFERENCE_FILE}"
 
 
 @cache
@@ -120,8 +126,19 @@ def help_text(entry: dict, width: int = HELP_WIDTH) -> str:
         lines += listed("options", options)
     lines += ["example:", *_wrapped(entry["example"], width, "  ", "    ")]
     if "docs" in entry:
-        lines += ["", *_wrapped(f"reference: {entry['docs']}", width)]
+        lines += ["", *reference_lines(entry["docs"], width)]
     return "\n".join(lines)
+
+
+def reference_lines(address: str, width: int) -> list[str]:
+    """Where the reference is, in lines of at most ``width``: the address whole (a link a
+    terminal opens), alone on its line when it must be; where even that is too wide, the
+    repository and the file, which a reader finds (an address the terminal cuts opens
+    nothing)."""
+    lines = _wrapped(f"reference: {address}", width)
+    if all(len(line) <= width for line in lines):
+        return lines
+    return _wrapped(f"reference: {REPOSITORY.removeprefix('https://')}, {REFERENCE_FILE}", width)
 
 
 def _wrapped_usage(line: str, width: int) -> list[str]:

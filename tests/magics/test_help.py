@@ -1,6 +1,7 @@
-"""``%tm help`` is one screen (a line per magic: what it is for, its reference link);
-``%tm help MAGIC`` and ``%magic?`` show the same full usage from the manifest, arguments
-first, defaults shown, one example; errors are one line."""
+"""``%tm help`` is one screen (a line per magic: what it is for; in HTML its name links
+into the reference); ``%tm help MAGIC`` and ``%magic?`` show the same full usage from the
+manifest, arguments first, defaults shown, one example; in a terminal no line is wider
+than the terminal; errors are one line."""
 
 from __future__ import annotations
 
@@ -29,19 +30,20 @@ def test_help_is_a_line_per_magic(ip) -> None:
     assert len(lines) == len(magics) + 2  # the title, a line each, the reference
     for magic, line in zip(magics, lines[1:], strict=False):
         escape = "%%" if magic["kind"] == "cell" else "%"
-        assert line.startswith(f"{escape}{magic['name']} ") and magic["purpose"] in line
-        assert line.endswith(f"#{magic['name']}")
-    assert "`" not in shown["text/plain"]
-    for magic in magics:  # each line links into the reference
+        assert line.startswith(f"{escape}{magic['name']} ") and line.endswith(magic["purpose"])
+    assert "`" not in shown["text/plain"] and "#" not in shown["text/plain"]  # no anchors
+    assert lines[-1] == f"reference: {load_manifest()['documentation']}"
+    for magic in magics:  # each name links into the reference
         assert f'<a href="{magic["docs"]}">' in shown["text/html"]
 
 
-def test_help_fits_sixty_columns_without_the_links(ip) -> None:
+def test_help_fits_sixty_columns(ip) -> None:
     ip.run_line_magic("config", "TorchMagics.width = 60")
     lines = _shown(ip, "help")["text/plain"].splitlines()
     assert len(lines) == len(load_manifest()["magics"]) + 2  # no line wrapped
-    assert all(len(line) <= 60 for line in lines[:-1]) and "#freeze" not in lines[1]
-    assert lines[-1].endswith("docs/magics.md")  # the address whole, not cut
+    assert all(len(line) <= 60 for line in lines) and "#freeze" not in lines[1]
+    # the address would be cut: the repository and the file instead
+    assert lines[-1] == "reference: github.com/torchmagic/torchmagic, docs/magics.md"
 
 
 def test_help_of_one_magic_is_its_usage(ip) -> None:
@@ -76,11 +78,24 @@ def test_help_of_a_magic_wraps_once_at_the_width(ip, width) -> None:
         lines = _shown(ip, f"help {typed}")["text/plain"].splitlines()
         laid_out = help_text(magic, width).replace("`", "")  # the text form drops backticks
         assert lines == laid_out.splitlines()  # drawn as laid out: never wrapped again
-        too_wide = [line for line in lines if len(line) > width]
-        # only an address longer than the line stays whole, on a line of its own
-        assert all(len(line.split()) == 1 and "://" in line for line in too_wide), too_wide
+        assert max(len(line) for line in lines) <= width, typed  # the address too
         assert not _ragged(lines, width), (typed, _ragged(lines, width))
-        assert " ".join(help_text(magic, width).split()) == " ".join(help_text(magic).split())
+
+        def words(text: str) -> str:  # the same words at every width, but the address
+            return " ".join(text.partition("\n\nreference:")[0].split())
+
+        assert words(help_text(magic, width)) == words(help_text(magic))
+
+
+def test_the_reference_is_a_whole_address_where_it_fits() -> None:
+    fit = magic_entry("fit")
+    assert help_text(fit, 100).endswith(f"\n\nreference: {fit['docs']}")
+    assert help_text(fit, 70).endswith(f"\n\nreference:\n{fit['docs']}")  # alone on its line
+    short = "reference: github.com/torchmagic/torchmagic, docs/magics.md"
+    assert help_text(fit, 60).endswith(f"\n\n{short}")
+    assert help_text(fit, 50).endswith(
+        "\n\nreference: github.com/torchmagic/torchmagic,\ndocs/magics.md"
+    )
 
 
 def test_question_mark_shows_the_manifest_usage(ip) -> None:

@@ -1,5 +1,5 @@
-"""The engine speaks Python (``param=``), the magics layer speaks flags: the mapping from
-one to the other, read from each magic's parser and key options."""
+"""The engine speaks Python (``param=``), the magics layer speaks flags: the one table from
+one to the other, read from each magic's declarations and key options."""
 
 import pytest
 import torch
@@ -8,55 +8,64 @@ from torch import nn
 
 from snapshots import assert_same, snapshot
 from torchmagic import Session, TorchMagicError
-from torchmagic.magics.base import explain, flags, parse, speak_flag
-from torchmagic.magics.devices import DeviceMagics
+from torchmagic.core.advice import Call, Option
+from torchmagic.magics.base import explain, parse
 from torchmagic.magics.extension import TOPICS
-from torchmagic.magics.surgery import SurgeryMagics
 from torchmagic.magics.training import TrainingMagics
+from torchmagic.magics.usage import FLAGS, usage_of
 
 
-def test_flags_come_from_the_parser_and_key_options():
-    assert flags(SurgeryMagics.freeze) == {
+def test_flags_come_from_the_declarations_and_key_options():
+    assert FLAGS["freeze"] == {
         "exclude": "--except",
         "bn": "--bn",
         "optimizer": "--opt",
         "dry_run": "--dry-run",
     }
-    assert flags(SurgeryMagics.unfreeze)["lr"] == "lr=" and flags(SurgeryMagics.unfreeze)["wd"]
-    assert flags(TrainingMagics.fit)["max_steps"] == "--max-steps"
-    assert flags(DeviceMagics.gpumem)["optimizer_class"] == "--optimizer"
+    assert FLAGS["unfreeze"]["lr"] == "lr=" and FLAGS["unfreeze"]["wd"] == "wd="
+    assert FLAGS["fit"]["max_steps"] == "--max-steps" and FLAGS["fit"]["accumulate"] == "--accum"
+    assert FLAGS["gpumem"]["optimizer_class"] == "--optimizer"
+    assert FLAGS["summary"]["input_shape"] == "--input-shape"  # the longest of its spellings
 
 
 @pytest.mark.parametrize(
-    "message, param, flag, said",
+    "message, param, said",
     [
+        ("epochs must be at least 1, got 0", "epochs", "--epochs must be at least 1, got 0"),
+        ("optimizer=nope: no variable", "optimizer", "--opt nope: no variable"),
         (
-            "epochs must be at least 1, got 0",
-            "epochs",
-            "--epochs",
-            "--epochs must be at least 1, got 0",
-        ),
-        ("optimizer=nope: no variable", "optimizer", "--opt", "--opt nope: no variable"),
-        (
-            "hold a, b; name one with optimizer=NAME",
+            ("hold a, b; name one with ", Option("optimizer", "NAME")),
             "optimizer",
-            "--opt",
             "hold a, b; name one with --opt NAME",
         ),
-        ("unknown loss 'x'", "loss", "--loss", "--loss: unknown loss 'x'"),
-        ("bad value lr=-1: must be > 0", "lr", "lr=", "bad value lr=-1: must be > 0"),
-        ("epochs_total is wrong", "epochs", "--epochs", "--epochs: epochs_total is wrong"),
-        ("--dropout must be < 1", "dropout", "--dropout", "--dropout must be < 1"),
+        (
+            ("the file exists; ", Option("force", True), " replaces it"),
+            "force",
+            "the file exists; --force replaces it",
+        ),
+        ("unknown loss 'x'", "loss", "--loss: unknown loss 'x'"),
+        ("bad value lr=-1: must be > 0", "lr", "bad value lr=-1: must be > 0"),
+        ("epochs_total is wrong", "epochs", "--epochs: epochs_total is wrong"),
+        ("accumulate: 0 batches", "accumulate", "--accum: 0 batches"),
+        (("run ", Call("lr_find", options=(("apply", True),))), None, "run %lr_find --apply"),
     ],
 )
-def test_speak_flag(message, param, flag, said):
-    assert speak_flag(message, param, flag) == said
+def test_explain_names_the_flag(message, param, said):
+    magic = {"force": "tm", "lr": "unfreeze"}.get(param, "fit")
+    topic = next(t for t in TOPICS if magic in t.magics["line"])
+    error = TorchMagicError(message, param=param)
+    assert explain(error, getattr(topic, topic.magics["line"][magic])) == said
 
 
 def test_explain_names_the_flag_and_appends_no_usage():
     error = TorchMagicError("max_steps must be at least 1, got 0", param="max_steps")
     assert explain(error, TrainingMagics.fit) == "--max-steps must be at least 1, got 0"
     assert explain(TorchMagicError("nothing to undo"), TrainingMagics.fit) == "nothing to undo"
+
+
+def test_options_in_a_message_read_as_python_in_a_script():
+    error = TorchMagicError(("name one with ", Option("optimizer", "NAME")), param="optimizer")
+    assert str(error) == "name one with optimizer=NAME"
 
 
 def _small():
@@ -101,10 +110,9 @@ def _long_options():
     the abbreviation is the option less its last letter, when that is not an option."""
     for topic in TOPICS:
         for method in vars(topic).values():
-            parser = getattr(method, "parser", None)
-            if parser is None:
+            if not hasattr(method, "usage"):
                 continue
-            options = [o for a in parser._actions for o in a.option_strings]
+            options = list(usage_of(method).options)
             for option in options:
                 if option.startswith("--") and option[:-1] not in options:
                     yield pytest.param(method, option, option[:-1], id=option[:-1])
@@ -112,7 +120,7 @@ def _long_options():
 
 @pytest.mark.parametrize("method, option, abbreviation", list(_long_options()))
 def test_an_abbreviated_option_is_refused_with_the_whole_name(method, option, abbreviation):
-    positionals = [a for a in method.parser._actions if not a.option_strings]
+    positionals = [a for a in usage_of(method).arguments if a.positional]
     words = " ".join("x" for a in positionals if a.nargs in (None, "+"))
     with pytest.raises(UsageError) as refused:
         parse(method, f"{words} {abbreviation} 1")

@@ -50,19 +50,22 @@ def _capture(lines, wrapped=()):
 
 
 def test_judge_passes_a_clean_capture_and_names_each_failure():
-    clean = [*BEFORE[:-1], f"In [9]: {pc.FINE_TUNE}", f"In [10]: {pc.REFUSED}", "UsageError: x"]
+    help_ = [f"In [2]: {pc.HELP}", "%fit [MODEL] TRAIN_LOADER", "", "reference: x"]
+    clean = [*help_, *BEFORE[:-1], f"In [9]: {pc.FINE_TUNE}", f"In [10]: {pc.REFUSED}", "x"]
     capture = _capture(clean)
-    pc.judge(capture, BEFORE)
+    pc.judge(capture, [*help_, *BEFORE])
     assert capture.failures == [] and capture.longest == len(f"In [9]: {pc.FINE_TUNE}")
     bad = _capture(
-        ["In [8]: %fit a", "", "", "", f"In [10]: {pc.REFUSED}", "UsageError: x", "  at y"],
+        [f"In [2]: {pc.HELP}", "UsageError: x", "In [8]: %fit a", "", "", ""]
+        + [f"In [10]: {pc.REFUSED}", "UsageError: x", "  at y"],
         wrapped=["x" * 60],
     )
-    pc.judge(bad, BEFORE)
+    pc.judge(bad, [f"In [2]: {pc.HELP}", "UsageError: x", *BEFORE])
     assert [f.split(":")[0] for f in bad.failures] == [
         "a line longer than 60 columns",
         "%fine_tune erased or moved a line above it",
         "%fine_tune erased or moved a line above it",
+        f"{pc.HELP!r} answered ['UsageError",
         f"{pc.REFUSED!r} answered 2 lines, not one",
     ]
 

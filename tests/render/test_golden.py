@@ -534,7 +534,42 @@ def _fine_tune() -> FineTuneResult:
     )
 
 
+def _image_folders() -> object:
+    """%load_data's report: a split folder with an imbalance and two leaked files."""
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from torchmagic.core.data.loaders import ClassCount, ImageFolders
+    from torchmagic.core.data.transforms import Pipelines
+
+    counts = (ClassCount("ants", 120, 30), ClassCount("bees", 36, 9))
+    return ImageFolders(
+        root=Path("images"),
+        presplit=False,
+        valid=0.2,
+        classes=("ants", "bees"),
+        counts=counts,
+        train_loader=DataLoader([0], batch_size=32),
+        val_loader=DataLoader([0], batch_size=32),
+        pipelines=Pipelines(
+            eval=str,
+            train=str,
+            size=224,
+            mean=(0.485, 0.456, 0.406),
+            std=(0.229, 0.224, 0.225),
+            source="ResNet18_Weights.IMAGENET1K_V1",
+        ),
+        workers=2,
+        pin_memory=False,
+        leaks=(("ants/a1.jpg", "ants/copy of a1.jpg"), ("bees/b7.png", "bees/b7 (1).png")),
+        imbalance=counts,
+        model="model",
+    )
+
+
 CASES: dict[str, Callable[[], object]] = {
+    "image_folders": _image_folders,
     "change_freeze": _freeze_live,
     "change_dry_run": _dry_run_live,
     "change_undo": _undo_live,

@@ -33,6 +33,18 @@ class Call:
 PLACEHOLDER = "…"
 
 
+@dataclass(frozen=True)
+class Option:
+    """An option a fix names with its value (``optimizer=NAME``, ``force=True``), kept as
+    a value so each front end writes it its own way (``--opt NAME``, ``--force``)."""
+
+    name: str
+    value: object = ""
+
+    def python(self) -> str:
+        return f"{self.name}={self.value}"
+
+
 def _python(value: object) -> str:
     """A value as a Python call writes it; floats short (``0.025``, not ``0.0250000001``)."""
     if isinstance(value, str):
@@ -45,14 +57,22 @@ def _python(value: object) -> str:
     return repr(value)
 
 
-Advice = tuple[str | Call, ...]
+Advice = tuple[str | Call | Option, ...]
 # A history entry's command: the line a magic passed as typed, or the session call.
 Command = str | Advice
 
 
-def spelled(advice: str | Advice, spell: Callable[[Call], str] = Call.python) -> str:
-    """The advice as one line, each command spelled by ``spell`` (plain text is advice
-    without commands)."""
+Spelling = Callable[[Call | Option], str]
+
+
+def python(part: Call | Option) -> str:
+    """A command or an option as Python writes it (``tm.freeze("fc")``, ``force=True``)."""
+    return part.python()
+
+
+def spelled(advice: str | Advice, spell: Spelling = python) -> str:
+    """The advice as one line, each command and option spelled by ``spell`` (plain text
+    is advice without commands)."""
     return "".join(part if isinstance(part, str) else spell(part) for part in as_advice(advice))
 
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .advice import Option
 from .errors import TorchMagicError
 from .surgery.results import Replay
 
@@ -115,7 +116,9 @@ def write(text: str, path: str | os.PathLike, force: bool = False) -> None:
     if not os.path.isdir(folder):
         raise TorchMagicError(f"{where}: no folder '{folder}'", param="path")
     if os.path.lexists(path) and not force:
-        raise TorchMagicError(f"{where}: the file exists; force=True replaces it", param="force")
+        raise TorchMagicError(
+            (f"{where}: the file exists; ", Option("force", True), " replaces it"), param="force"
+        )
     temporary = os.path.join(folder, f".tm-export-{os.getpid()}-{uuid.uuid4().hex}.tmp")
     try:
         with open(temporary, "x", encoding="utf-8") as stream:  # umask-honouring mode

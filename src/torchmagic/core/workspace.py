@@ -18,7 +18,7 @@ from typing import TypeGuard
 import torch
 from torch import nn
 
-from .advice import Call
+from .advice import Call, Option
 from .ema_owners import EmaOwners
 from .errors import TorchMagicError
 from .integrations import discovery, ema
@@ -365,7 +365,10 @@ class Workspace:
                     return n, o
             names = ", ".join(n for n, _ in owning)
             raise TorchMagicError(
-                f"several optimizers hold '{model_name}': {names}; name one with optimizer=NAME",
+                (
+                    f"several optimizers hold '{model_name}': {names}; name one with ",
+                    Option("optimizer", "NAME"),
+                ),
                 param="optimizer",
             )
         if owning:
@@ -401,9 +404,12 @@ class Workspace:
             why = f"it was made for the model '{model_name}' named before it was re-bound"
         kind = type(optimizer).__name__
         return StaleOptimizerError(
-            f"'{name}' holds none of the parameters of '{model_name}' ({why}); re-create "
-            f"it ({name} = torch.optim.{kind}({model_name}.parameters(), lr=…)) or choose "
-            "another with optimizer=NAME",
+            (
+                f"'{name}' holds none of the parameters of '{model_name}' ({why}); re-create "
+                f"it ({name} = torch.optim.{kind}({model_name}.parameters(), lr=…)) or choose "
+                "another with ",
+                Option("optimizer", "NAME"),
+            ),
             param="optimizer",
         )
 

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from . import torch_files
+from .advice import Option
 from .errors import TorchMagicError
 
 SOURCES = ("torchvision", "timm", "hf")
@@ -271,8 +272,12 @@ def _hub_cached(repo: str, filenames: tuple[str, ...]) -> str | None:
 def _fetch_failed(what: str, name: str, error: BaseException | str, where: str) -> TorchMagicError:
     reason = error if isinstance(error, str) else _first_line(error)
     return TorchMagicError(
-        f"cannot fetch the weights {what} ({reason}); offline? build '{name}' without "
-        f"them with weights=None, or put the file in {where} first",
+        (
+            f"cannot fetch the weights {what} ({reason}); offline? build '{name}' without "
+            "them with ",
+            Option("weights", None),
+            f", or put the file in {where} first",
+        ),
         param="weights",
     )
 
@@ -378,9 +383,12 @@ def _timm(name: str, spec: str | None) -> LoadedModel:
     pretrained = not _no_weights(spec)
     if pretrained and str(spec).upper() != "DEFAULT" and not _TAG.match(str(spec)):
         raise TorchMagicError(
-            f"timm weights are a pretrained tag such as a1_in1k (or DEFAULT, or None), not "
-            f"'{spec}': to use a file, build with weights=None and load it with "
-            "model.load_state_dict(torch.load(path, weights_only=True))",
+            (
+                "timm weights are a pretrained tag such as a1_in1k (or DEFAULT, or None), not "
+                f"'{spec}': to use a file, build with ",
+                Option("weights", None),
+                " and load it with model.load_state_dict(torch.load(path, weights_only=True))",
+            ),
             param="weights",
         )
     if pretrained and not _maybe_cached_timm(name) and (offline := _hub_offline()) is not None:

@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument
 
 from ..core import TorchMagicError
 from .base import TopicMagics, parse, render
+from .usage import usage
 
 
 @magics_class
 class DataMagics(TopicMagics):
     """Bringing your own images."""
 
-    @magic_arguments()
+    @usage(
+        "%load_data images/ --valid 0.2",
+        "your image folders as train and val loaders",
+    )
     @argument(
         "path",
         metavar="PATH",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument
 
 from ..core import TorchMagicError
 from ..core.surgery.grammar import parse_bytes, parse_shape
-from .base import OPT, Subcommand, TopicMagics, parse, render, subcommands
+from .base import OPT, TopicMagics, parse, render
+from .usage import Subcommand, subcommands, usage
 
 
 @magics_class
@@ -76,7 +77,7 @@ class DeviceMagics(TopicMagics):
         self._watch(words[0] == "on")
         return render.render(f"memory watch {words[0]}", self.width)
 
-    @magic_arguments()
+    @usage("%device move", "devices; move a model with its state")
     @argument(
         "words",
         nargs="*",
@@ -148,7 +149,9 @@ class DeviceMagics(TopicMagics):
         args = parse(self.device, line)
         self.show(self.dispatch(self.device, args.words, args))
 
-    @magic_arguments()
+    @usage(
+        "%gpumem estimate --input-shape 8,3,224,224", "memory now, a step's peak, the best batch"
+    )
     @argument(
         "words",
         nargs="*",

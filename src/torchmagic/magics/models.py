@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument
 
 from .base import TopicMagics, parse, render
+from .usage import usage
 
 
 @magics_class
 class ModelMagics(TopicMagics):
     """Building models the way their weights expect to be used."""
 
-    @magic_arguments()
+    @usage(
+        "%load_model resnet18 --weights DEFAULT --num-classes 10",
+        "a zoo model with its weights and labels",
+    )
     @argument("name", metavar="NAME", help="resnet18, timm:convnext_atto, hf:vit, …")
     @argument(
         "--weights",

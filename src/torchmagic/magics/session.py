@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument
 
 from ..core.surgery.results import CommandHistory
 from ..manifest import load_manifest, magic_named
-from .base import Subcommand, TopicMagics, parse, render, strip_comment, subcommands
+from .base import TopicMagics, parse, render, strip_comment
+from .usage import Subcommand, subcommands, usage
 
 
 @magics_class
@@ -58,7 +59,7 @@ class SessionMagics(TopicMagics):
         entry = magic_named(words[0])
         return render.render(render.MagicHelp(entry), self.width)
 
-    @magic_arguments()
+    @usage("%tm undo", "the session: history, undo, save, help")
     @argument(
         "words",
         nargs="*",

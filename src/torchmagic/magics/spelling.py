@@ -1,14 +1,12 @@
 """The magic a notebook user types for each session command a fix suggests or the
 history lists: the method's magic, its arguments, each option as the magic's own flag
 (``exclude`` → ``--except fc``, ``lr`` → ``lr=1e-05:0.001``, ``apply`` → ``--apply``),
-read from the manifest."""
+read from the table of flags the magics declare."""
 
 from __future__ import annotations
 
-from functools import cache
-
-from ..core.advice import Call
-from ..manifest import load_manifest
+from ..core.advice import Call, Option
+from .usage import FLAGS
 
 # Session methods whose magic is not ``%method``.
 _MAGICS = {
@@ -22,17 +20,6 @@ _MAGICS = {
 }
 
 
-@cache
-def _flags(method: str) -> dict[str, str]:
-    """Python parameter → what the magic ``%method`` takes for it (``exclude`` →
-    ``--except``, ``lr`` → ``lr=``); empty for a method with no magic of its name."""
-    for magic in load_manifest()["magics"]:
-        if magic["name"] == method and magic["kind"] == "line":
-            found = {a["dest"]: a["name"] for a in magic["arguments"] if "dest" in a}
-            return found | {k["name"]: f"{k['name']}=" for k in magic["key_values"]}
-    return {}
-
-
 def _value(value: object) -> str:
     """A value as a magic line writes it: words apart, an lr range ``A:B``."""
     if isinstance(value, float):
@@ -44,18 +31,26 @@ def _value(value: object) -> str:
     return str(value)
 
 
-def _option(method: str, name: str, value: object) -> str:
-    flag = _flags(method).get(name, f"{name}=")
+def _option(flag: str, value: object) -> str:
     if flag.endswith("="):
         return f"{flag}{_value(value)}"
-    return flag if value is True else f"{flag} {_value(value)}"
+    return flag if value is True or value == "" else f"{flag} {_value(value)}"
 
 
-def magic_line(call: Call) -> str:
-    """``%freeze model.layer1 model.fc`` for ``tm.freeze("model.layer1", "model.fc")``."""
-    head = _MAGICS.get(call.method, f"%{call.method}")
-    if call.mention:
+def _any_flag(name: str) -> str:
+    """The flag a fix's option (``optimizer=NAME``) takes in the magics that declare it."""
+    return next((flags[name] for flags in FLAGS.values() if name in flags), f"{name}=")
+
+
+def magic_line(part: Call | Option) -> str:
+    """``%freeze model.layer1 model.fc`` for ``tm.freeze("model.layer1", "model.fc")``;
+    ``--opt NAME`` for the option ``optimizer=NAME``."""
+    if isinstance(part, Option):
+        return _option(_any_flag(part.name), part.value)
+    head = _MAGICS.get(part.method, f"%{part.method}")
+    if part.mention:
         return head
-    words = [str(a) for a in call.args] + (["…"] if call.more else [])
-    words += [_option(call.method, name, value) for name, value in call.options]
+    flags = FLAGS.get(part.method, {})
+    words = [str(a) for a in part.args] + (["…"] if part.more else [])
+    words += [_option(flags.get(name, f"{name}="), value) for name, value in part.options]
     return " ".join([head, *words])

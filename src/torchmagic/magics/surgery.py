@@ -9,7 +9,7 @@ import shlex
 from functools import partial
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument
 
 from ..core import TorchMagicError
 from ..core.choices import POLICIES
@@ -21,18 +21,8 @@ from ..core.surgery.grammar import (
     parse_shape,
     parse_weight_decay,
 )
-from .base import (
-    DRY_RUN,
-    OPT,
-    KeyOption,
-    Subcommand,
-    TopicMagics,
-    key_options,
-    parse,
-    render,
-    strip_comment,
-    subcommands,
-)
+from .base import DRY_RUN, OPT, TopicMagics, parse, render, strip_comment
+from .usage import KeyOption, Subcommand, key_options, subcommands, usage
 
 _COUNT = re.compile(r"^[+-]?[0-9]+$")  # a word that is meant as the class count N
 
@@ -105,7 +95,7 @@ class SurgeryMagics(TopicMagics):
     """Freeze, unfreeze, replace the head, show the model: the optimizer, its state, the
     schedulers and BatchNorm kept consistent, every edit undoable."""
 
-    @magic_arguments()
+    @usage("%freeze model.layer1-3", "stop training modules; the optimizer follows")
     @argument(
         "targets",
         nargs="*",
@@ -140,7 +130,7 @@ class SurgeryMagics(TopicMagics):
                 )
             self.show(render.render(result, self.width))
 
-    @magic_arguments()
+    @usage("%unfreeze layer3-4 lr=1e-5:1e-4", "train modules again, in their own lr groups")
     @argument(
         "targets",
         nargs="*",
@@ -171,7 +161,7 @@ class SurgeryMagics(TopicMagics):
                 )
             self.show(render.render(result, self.width))
 
-    @magic_arguments()
+    @usage("%replace_head auto 10", "a fresh classification head with N outputs")
     @argument(
         "spec",
         nargs="+",
@@ -253,7 +243,7 @@ class SurgeryMagics(TopicMagics):
         command = " ".join(["%lora on", *words])
         return render.render(self.session.lora_on(*words, command=command), self.width)
 
-    @magic_arguments()
+    @usage('%lora "blocks.*.attn.qkv" r=8 lr=1e-3', "LoRA adapters on layers; merge, off, on")
     @argument(
         "words",
         nargs="*",
@@ -308,7 +298,9 @@ class SurgeryMagics(TopicMagics):
         with self.interrupts(f"%lora {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.lora, args.words, args))
 
-    @magic_arguments()
+    @usage(
+        "%summary model --depth 1 --input-shape 1,3,224,224", "the module table, output shapes too"
+    )
     @argument(
         "where",
         nargs="?",

@@ -8,13 +8,14 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, real_name
+from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
 
 from ..core import TorchMagicError
 from ..core.choices import MODES, POLICIES, SCHEDULES
-from .base import OPT, MagicFunction, Subcommand, TopicMagics, parse, render, subcommands
+from .base import OPT, TopicMagics, parse, render
 from .shown import ShownResult, echoed_in_a_terminal
+from .usage import CellUsage, MagicFunction, Subcommand, subcommands, usage
 
 if TYPE_CHECKING:
     Progress = render.TerminalProgress | render.NotebookProgress
@@ -68,7 +69,11 @@ class TrainingMagics(TopicMagics):
     def _amp_off(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         return render.render(self.session.amp_off(), self.width)
 
-    @magic_arguments()
+    @usage(
+        example="%amp on bf16",
+        purpose="mixed precision: status, on, off",
+        cell=CellUsage(_MODE_WORDS, "%%amp bf16", "one cell under autocast"),
+    )
     @argument(
         "words",
         nargs="*",
@@ -118,7 +123,10 @@ class TrainingMagics(TopicMagics):
         elif type(ns.get(name)).__name__ == "GradScaler":
             del ns[name]
 
-    @magic_arguments()
+    @usage(
+        "%fit train_loader --val val_loader --epochs 9 --unfreeze layer4,layer3",
+        "train with its schedulers, live progress",
+    )
     @MODEL_AND_TRAIN
     @argument(
         "--val",
@@ -222,7 +230,7 @@ class TrainingMagics(TopicMagics):
 
         return self._shown(self.fit, run)
 
-    @magic_arguments()
+    @usage("%lr_find train_loader --apply", "the lr range test; all restored after")
     @MODEL_AND_TRAIN
     @argument("--start", type=float, default=1e-7, metavar="LR", help="the first lr")
     @argument("--end", type=float, default=10.0, metavar="LR", help="the last lr")
@@ -258,7 +266,10 @@ class TrainingMagics(TopicMagics):
 
         return self._shown(self.lr_find, run)
 
-    @magic_arguments()
+    @usage(
+        "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
+        "fastai's recipe: the head, then all",
+    )
     @MODEL_AND_TRAIN
     @argument("--val", required=True, metavar="VAL_LOADER", help="the validation loader")
     @argument("--epochs", type=int, required=True, metavar="N", help="epochs with all unfrozen")

@@ -13,7 +13,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..manifest import help_text
+from ..manifest import help_text, reference_lines
 from . import theme
 from .base import Rendered, table
 
@@ -51,35 +51,29 @@ def _magic(entry: Mapping) -> str:
 
 
 def manifest_help(manifest: Mapping, width: int | None = None) -> Rendered:
-    """A line per magic; the usage of each is one ``%tm help NAME`` away. Where the links
-    would make a line wrap, they are left out (the reference's address stays below)."""
+    """A line per magic; the usage of each is one ``%tm help NAME`` away. In HTML each
+    magic's name links into the reference; the text a terminal shows has no anchors."""
     rendered = Rendered(Group(), width)
     title = Text(f"{manifest['name']} {manifest['version']}", style="bold")
     title.append(" · ", style=theme.style("dim"))
     title.append("%tm help MAGIC", style=theme.style("accent"))
     title.append(": one magic's usage", style=theme.style("dim"))
-    magics = manifest["magics"]
-    names = max(len(_magic(m)) for m in magics)
-    anchors = max(len(m["docs"].rpartition("#")[2]) + 1 for m in magics)
-    linked = names + max(len(m["purpose"]) for m in magics) + anchors + 4 <= rendered.width
     columns: list[tuple[str, JustifyMethod]] = [("magic", "left"), ("what it is for", "left")]
-    columns += [("reference", "left")] if linked else []
     drawn = table(None, columns, (0, 2), show_header=False, box=None)
-    for magic in magics:
-        cells = [Text(_magic(magic), style=theme.style("accent", bold=True))]
-        cells.append(code_text(magic["purpose"]))
-        if linked:
-            anchor = magic["docs"].rpartition("#")[2]
-            cells.append(Text(f"#{anchor}", style=theme.style("dim") + Style(link=magic["docs"])))
-        drawn.add_row(*cells)
-    reference = _whole(Text(f"reference: {manifest['documentation']}", style=theme.style("dim")))
-    rendered.renderable = Group(title, drawn, reference)
+    for magic in manifest["magics"]:
+        link = Style(link=magic["docs"])
+        drawn.add_row(
+            Text(_magic(magic), style=theme.style("accent", bold=True) + link),
+            code_text(magic["purpose"]),
+        )
+    where = reference_lines(manifest["documentation"], rendered.width)
+    rendered.renderable = Group(title, drawn, Text("\n".join(where), style=theme.style("dim")))
     return rendered
 
 
 def _whole(line: Text) -> Table:
-    """A line drawn whole where it is wider than the output (an address is one word): a
-    one-cell table, which is laid out at its own width rather than cut."""
+    """A line drawn whole where it is wider than the output (a word longer than the
+    line): a one-cell table, which is laid out at its own width rather than cut."""
     drawn = table(None, [("line", "left")], (0,), show_header=False, box=None)
     drawn.add_row(line)
     return drawn

@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from ..core.advice import Advice, Call, spelled
+from ..core.advice import Advice, Spelling, python, spelled
 
-_SPELL: ContextVar[Callable[[Call], str]] = ContextVar("torchmagic_spell", default=Call.python)
+_SPELL: ContextVar[Spelling] = ContextVar("torchmagic_spell", default=python)
 
 
 @contextmanager
-def calls_spelled(spell: Callable[[Call], str]) -> Iterator[None]:
+def calls_spelled(spell: Spelling) -> Iterator[None]:
     """Within the block, fixes name their commands as ``spell`` writes them."""
     token = _SPELL.set(spell)
     try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..advice import Option
 from ..choices import SCHEDULES
 from ..errors import TorchMagicError
 from ..surgery import edits, heads, scheduler_sync
@@ -110,10 +111,13 @@ def _check_model_word(workspace: Workspace, model: str | None, takes_val: bool) 
     found = workspace.lookup(model)
     if found is None or not isinstance(found.held, Iterable):
         return
-    val = "; a validation loader goes in val=LOADER" if takes_val else ""
+    val = ("; a validation loader goes in ", Option("val", "LOADER")) if takes_val else ()
     raise TorchMagicError(
-        f"'{model}' is a {type(found.held).__name__}, not a model: the model comes first "
-        f"(none: the current one), then the training loader{val}",
+        (
+            f"'{model}' is a {type(found.held).__name__}, not a model: the model comes first "
+            "(none: the current one), then the training loader",
+            *val,
+        ),
         param="model",
     )
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..advice import Advice, Call
+from ..advice import Advice, Call, Option
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
@@ -380,9 +380,12 @@ def unfreeze(
         )
     if opt is None and explicit:
         raise TorchMagicError(
-            f"lr and weight_decay need an optimizer, and none holds parameters of "
-            f"'{target.model_name}'; create one (e.g. optimizer = "
-            "torch.optim.AdamW(model.parameters())) or name it with optimizer=",
+            (
+                f"lr and weight_decay need an optimizer, and none holds parameters of "
+                f"'{target.model_name}'; create one (e.g. optimizer = "
+                "torch.optim.AdamW(model.parameters())) or name it with ",
+                Option("optimizer"),
+            ),
             param="lr" if any(lr is not None for lr in lrs) else "wd",
         )
     if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
