@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchmagic
 from checkpoint_helpers import assert_same, batches, structure
 from test_checkpoint import build_net
-from torchmagic.core import export as export_script
 from torchmagic.core.advice import spelled
 from torchmagic.core.errors import TorchMagicError
+from torchmagic.core.export import script as export_script
 
 TESTS = Path(__file__).parent
 
@@ -99,7 +99,7 @@ def test_export_magic_writes_and_refuses_other_names(ip, tmp_path):
     ip.run_line_magic("tm", f"export {tmp_path / 'x.py'}")
     text = (tmp_path / "x.py").read_text()
     assert "tm.freeze('stem', bn='eval')  # %freeze model.stem" in text
-    with pytest.raises(UsageError, match="must end in .py"):
+    with pytest.raises(UsageError, match=r"must end in one of .py, .pt2, .safetensors, .onnx"):
         ip.run_line_magic("tm", f"export {tmp_path / 'x.txt'}")
     assert not (tmp_path / "x.txt").exists()
     assert not net.stem[0].weight.requires_grad
@@ -224,7 +224,7 @@ def test_a_folder_is_refused_in_one_line(tmp_path):
     (tmp_path / "x.py").mkdir()
     with pytest.raises(TorchMagicError, match=r"x\.py': it is a folder$"):
         _session().export(tmp_path / "x.py", force=True)
-    with pytest.raises(TorchMagicError, match="must end in .py$"):
+    with pytest.raises(TorchMagicError, match=r"must end in one of .py, .pt2, .*\.onnx$"):
         _session().export(tmp_path, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
 
