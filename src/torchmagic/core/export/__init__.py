@@ -1,6 +1,6 @@
 """Leaving torchmagic with a file, by the path's suffix.
 
-- ``files.py``: the suffix → format table, the destination's checks, the atomic write.
+- ``files.py``: the suffixes, the destination's checks, the atomic write.
 - ``script.py``: ``.py``, the session's commands as a script of Session calls.
 - ``inference.py``: ``.pt2`` / ``.safetensors`` / ``.onnx``, the model for inference,
   verified against the live model before it is kept (options, probe input, report).

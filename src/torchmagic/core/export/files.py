@@ -11,25 +11,20 @@ import uuid
 from collections.abc import Iterator
 
 from ..errors import TorchMagicError
+from .formats import FORMATS
 
-# suffix → what the file holds
-FORMATS = {
-    ".py": "the session's commands as a Python script",
-    ".pt2": "a torch.export program with a dynamic batch",
-    ".safetensors": "the weights under the plain architecture's keys",
-    ".onnx": "an ONNX graph with a dynamic batch",
-}
+SUFFIXES = (".py", *FORMATS)  # the script, then the inference formats
 
 
 def destination(path: str | os.PathLike, force: bool) -> tuple[str, str]:
-    """``path`` expanded, and its suffix (one of :data:`FORMATS`); refused in one line
+    """``path`` expanded, and its suffix (one of :data:`SUFFIXES`); refused in one line
     when the suffix is unknown, the path is a folder or its folder is missing, or the
     file exists without ``force``."""
     path = os.path.expanduser(os.fspath(path))
     suffix = os.path.splitext(path)[1].lower()
     where = f"cannot export to '{path}'"
-    if suffix not in FORMATS:
-        known = ", ".join(FORMATS)
+    if suffix not in SUFFIXES:
+        known = ", ".join(SUFFIXES)
         raise TorchMagicError(f"'{path}' must end in one of {known}", param="path")
     if os.path.isdir(path):
         raise TorchMagicError(f"{where}: it is a folder", param="path")

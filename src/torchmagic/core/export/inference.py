@@ -107,9 +107,9 @@ def _probe(
     crop = loaded.info.crop_size if loaded is not None and loaded.info is not None else None
     if crop:
         return Probe((3, crop, crop))
-    timm_size = getattr(model, "pretrained_cfg", {}).get("input_size")
-    if timm_size:
-        return Probe(tuple(timm_size))
+    timm_config = getattr(model, "pretrained_cfg", None)
+    if isinstance(timm_config, dict) and timm_config.get("input_size"):
+        return Probe(tuple(timm_config["input_size"]))
     side, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
     if isinstance(side, int) and isinstance(channels, int):
         return Probe((channels, side, side))
