@@ -92,13 +92,6 @@ def _read_safetensors(path: str, module: Outputs) -> tuple[Run, dict[str, str]]:
     return module, meta
 
 
-def onnx_missing() -> str | None:
-    """What to install for ``.onnx`` (None: ready). torch's exporter needs onnx and
-    onnxscript; onnxruntime, when present, checks the file's outputs."""
-    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
-    return " and ".join(missing) or None
-
-
 def _write_onnx(module: Outputs, example: torch.Tensor, meta: dict[str, str], path: str) -> None:
     import onnx
 
@@ -138,24 +131,28 @@ def _read_onnx(path: str, module: Outputs) -> tuple[Run | None, dict[str, str]]:
 
 @dataclass(frozen=True)
 class Format:
-    """How one suffix is written and read back; ``traced``: made by ``torch.export``."""
+    """How one suffix is written and read back; ``traced``: made by ``torch.export``;
+    ``needs``: the packages it cannot do without (onnxruntime is optional: with it, an
+    onnx file's outputs are checked too)."""
 
     write: Callable[[Outputs, torch.Tensor, dict[str, str], str], None]
     read: Callable[[str, Outputs], tuple[Run | None, dict[str, str]]]
     traced: bool
+    needs: tuple[str, ...] = ()
 
 
 FORMATS = {
     ".pt2": Format(_write_pt2, _read_pt2, traced=True),
-    ".safetensors": Format(_write_safetensors, _read_safetensors, traced=False),
-    ".onnx": Format(_write_onnx, _read_onnx, traced=True),
+    ".safetensors": Format(_write_safetensors, _read_safetensors, False, ("safetensors",)),
+    ".onnx": Format(_write_onnx, _read_onnx, True, ("onnx", "onnxscript")),
 }
 
 
 def check_ready(suffix: str) -> None:
-    """Refuse in one line a format whose library is missing."""
-    if suffix == ".onnx" and (missing := onnx_missing()):
+    """Refuse in one line a format whose packages are missing, naming them."""
+    missing = [m for m in FORMATS[suffix].needs if importlib.util.find_spec(m) is None]
+    if missing:
         raise TorchMagicError(
-            f"exporting .onnx needs {missing}: pip install {missing.replace(' and ', ' ')}",
+            f"exporting {suffix} needs {' and '.join(missing)}: pip install {' '.join(missing)}",
             param="path",
         )
