@@ -358,7 +358,7 @@ def test_save_load_and_export_complete_files(shell, tmp_path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     assert complete(shell, "%tm save ") == ["runs/", "notes.txt", "run.pt", "run.py"]
     assert kinds(shell, "%tm load r") == {"runs/": "folder", "run.pt": "file", "run.py": "file"}
-    assert complete(shell, "%tm export ") == ["runs/", "run.py"]  # scripts only
+    assert complete(shell, "%tm export run.p") == ["run.pt", "run.py"]
     assert complete(shell, "%tm load .h") == [".hidden.pt"]  # hidden once asked for
     assert complete(shell, f"%tm load {tmp_path}/no") == [f"{tmp_path}/notes.txt"]
     assert complete(shell, "%tm save run.pt ") == ["--sync"]

@@ -34,7 +34,8 @@ from torchmagic.core.devices.pinbench import PinReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
 from torchmagic.core.diagnostics.doctor import DoctorReport
 from torchmagic.core.diagnostics.findings import Finding
-from torchmagic.core.export import ExportReport
+from torchmagic.core.export import ExportReport, InferenceReport
+from torchmagic.core.export.metadata import Preprocessing
 from torchmagic.core.surgery.results import (
     Change,
     CommandHistory,
@@ -752,6 +753,21 @@ CASES: dict[str, Callable[[], object]] = {
     ),
     "exported": lambda: ExportReport(
         "run.py", (("model", "ResNet"), ("optimizer", "AdamW"), ("train_loader", "batches")), 4
+    ),
+    "exported_for_inference": lambda: InferenceReport(
+        "model",
+        "pt2",
+        "model.pt2",
+        46_300_000,
+        3.1e-7,
+        1e-4,
+        (3, 3, 224, 224),
+        ("cat", "dog", "fox", "owl", "hen", "elk"),
+        Preprocessing(256, 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        2,
+    ),
+    "exported_for_inference_unchecked": lambda: InferenceReport(
+        "net", "onnx", "net.onnx", 9_000, None, 1e-4, (3, 16), None, None, 0
     ),
 }
 

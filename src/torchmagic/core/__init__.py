@@ -3,7 +3,7 @@
 from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
-from .export import ExportReport
+from .export import ExportOptions, ExportReport, InferenceReport
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
 from .surgery.results import (
@@ -20,9 +20,11 @@ __all__ = [
     "Change",
     "Counts",
     "Effect",
+    "ExportOptions",
     "ExportReport",
     "GroupInfo",
     "HistoryEntry",
+    "InferenceReport",
     "ResumeReport",
     "SaveReport",
     "Session",

@@ -54,7 +54,7 @@ POSITIONALS = {
 USAGE_WORDS = {"MODEL": "model", "NAME": "model", "LOADER": "loader", "MAGIC": "magic"}
 # The files an uppercase path word of a usage takes (``%tm load PATH``): the suffixes
 # listed (any file where there are none).
-PATH_WORDS = {"PATH": (), "PATH.py": (".py",)}
+PATH_WORDS: dict[str, tuple[str, ...]] = {"PATH": ()}
 Items = list[completion.Candidate]
 
 

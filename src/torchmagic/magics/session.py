@@ -8,6 +8,8 @@ import argparse
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument
 
+from ..core import ExportOptions
+from ..core.surgery.grammar import parse_shape
 from ..core.surgery.results import CommandHistory
 from ..manifest import load_manifest, magic_named
 from .base import TopicMagics, parse, render, strip_comment
@@ -51,7 +53,15 @@ class SessionMagics(TopicMagics):
         return render.render(self.session.load(words[0]), self.width)
 
     def _export(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
-        return render.render(self.session.export(words[0], force=args.force), self.width)
+        shape = parse_shape(args.input_shape) if args.input_shape else None
+        report = self.session.export(
+            words[0],
+            args.model,
+            force=args.force,
+            input_shape=shape,
+            tolerance=args.tolerance,
+        )
+        return render.render(report, self.width)
 
     def _help(self, words: list[str], args: argparse.Namespace) -> render.Rendered:
         if not words:
@@ -75,6 +85,27 @@ class SessionMagics(TopicMagics):
         "--force",
         action="store_true",
         help="with export: replace the file if it exists",
+    )
+    @argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="with export: the model to export (default: the current one)",
+    )
+    @argument(
+        "--input-shape",
+        default=None,
+        metavar="SHAPE",
+        help="with export for inference: one batch's shape, batch first (1,3,224,224), when "
+        "the model's weights or config do not say it",
+    )
+    @argument(
+        "--tolerance",
+        type=float,
+        default=ExportOptions.tolerance,
+        metavar="X",
+        help="with export for inference: the largest difference allowed between the file's "
+        "outputs and the live model's",
     )
     @subcommands(
         Subcommand("history", _history, "the mutating commands so far"),
@@ -101,10 +132,11 @@ class SessionMagics(TopicMagics):
         Subcommand(
             "export",
             _export,
-            "write the commands as a Python script",
-            words="PATH.py",
+            "by suffix: .py the commands as a script; .pt2, .safetensors, .onnx the model "
+            "for inference, checked against the live model",
+            words="PATH",
             arity=(1, 1),
-            options=("--force",),
+            options=("--force", "--model", "--input-shape", "--tolerance"),
         ),
         Subcommand(
             "help",
@@ -119,7 +151,7 @@ class SessionMagics(TopicMagics):
         """Session commands: list the mutating commands, undo the last one, clear the
         history, pick the current model, compare every %fit run side by side, diagnose the
         classic transfer-learning mistakes, save / load the training state, export the
-        commands as a script, show the help of every magic or of one."""
+        commands as a script or the model for inference, show the help of every magic or of one."""
         args = parse(self.tm, line)
         with self.interrupts(f"%tm {strip_comment(line).strip()}"):
             self.show(self.dispatch(self.tm, args.words, args))

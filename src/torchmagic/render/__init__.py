@@ -22,7 +22,7 @@ from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport
 from ..core.diagnostics.doctor import DoctorReport
-from ..core.export import ExportReport
+from ..core.export import ExportReport, InferenceReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
 from ..core.training.fit_events import FitHistory
@@ -121,6 +121,7 @@ for _type, _draw in (
     (SaveReport, checkpoint.saved),
     (ResumeReport, checkpoint.resumed),
     (ExportReport, checkpoint.exported),
+    (InferenceReport, checkpoint.exported_for_inference),
 ):
     render.register(_type, _draw)
 

@@ -1,5 +1,6 @@
 """Renderables for leaving the kernel: what a save wrote, what a resume replayed and
-loaded, what an export wrote."""
+loaded, what an export wrote (a script, or the model for inference and how well the
+file matched the live model)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.text import Text
 
 from ..core.advice import Command
 from ..core.checkpoint import ResumeReport, SaveReport
-from ..core.export import ExportReport
+from ..core.export import ExportReport, InferenceReport
 from . import theme
 from .base import Rendered, human_bytes
 from .spelling import fix_text
@@ -74,3 +75,50 @@ def exported(report: ExportReport, width: int | None = None) -> Rendered:
     title.append(f" to {report.path}")
     expects = ", ".join(f"{name} ({what})" for name, what in report.variables)
     return Rendered(Group(title, Text(f"it expects: {expects}")), width)
+
+
+def _shown(values: tuple[str, ...], most: int = 5) -> str:
+    more = f", … ({len(values)} in all)" if len(values) > most else ""
+    return ", ".join(values[:most]) + more
+
+
+def exported_for_inference(report: InferenceReport, width: int | None = None) -> Rendered:
+    title = Text()
+    title.append(f"exported `{report.model_name}` for inference as {report.format}", style="bold")
+    title.append(f" to {report.path} ({human_bytes(report.nbytes)})")
+    probe = "×".join(map(str, report.probe_shape))
+    if report.max_difference is None:
+        check = Text(
+            "read back and checked; outputs not compared (install onnxruntime for that)",
+            style=theme.style("warning"),
+        )
+    else:
+        check = Text(
+            f"read back: outputs within {report.max_difference:.2g} of the live model's "
+            f"on a {probe} batch (tolerance {report.tolerance:g})",
+            style=theme.style("ok"),
+        )
+    made = ["BatchNorm in eval", "torchmagic's hooks removed"]
+    if report.merged_adapters:
+        made.insert(0, f"{report.merged_adapters} LoRA layer(s) merged (the live model keeps them)")
+    labels = f"labels: {_shown(report.labels)}" if report.labels else "labels: not known"
+    prep = report.preprocessing
+    if prep is None:
+        stored = "preprocessing: not known"
+    else:
+        parts = [
+            f"resize {prep.resize_size}" if prep.resize_size else "",
+            f"crop {prep.crop_size}" if prep.crop_size else "",
+            f"mean {tuple(prep.mean)}" if prep.mean else "",
+            f"std {tuple(prep.std)}" if prep.std else "",
+        ]
+        stored = "preprocessing: " + ", ".join(p for p in parts if p)
+    return Rendered(
+        Group(
+            title,
+            check,
+            Text(" · ".join(made)),
+            Text(f"stored in the file: {labels}; {stored}", style=theme.style("dim")),
+        ),
+        width,
+    )

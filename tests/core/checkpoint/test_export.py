@@ -19,9 +19,9 @@ import torchmagic
 from checkpoint_helpers import assert_same, batches, structure
 from paths import ROOT, TESTS
 from test_checkpoint import build_net
-from torchmagic.core import export as export_script
 from torchmagic.core.advice import spelled
 from torchmagic.core.errors import TorchMagicError
+from torchmagic.core.export import script as export_script
 
 HERE = Path(__file__).resolve().parent
 
@@ -100,7 +100,7 @@ def test_export_magic_writes_and_refuses_other_names(ip, tmp_path):
     ip.run_line_magic("tm", f"export {tmp_path / 'x.py'}")
     text = (tmp_path / "x.py").read_text()
     assert "tm.freeze('stem', bn='eval')  # %freeze model.stem" in text
-    with pytest.raises(UsageError, match="must end in .py"):
+    with pytest.raises(UsageError, match=r"must end in one of .py, .pt2, .safetensors, .onnx"):
         ip.run_line_magic("tm", f"export {tmp_path / 'x.txt'}")
     assert not (tmp_path / "x.txt").exists()
     assert not net.stem[0].weight.requires_grad
@@ -185,10 +185,11 @@ def test_a_loss_of_the_users_is_asked_for_in_the_marked_place(tmp_path):
     text = (tmp_path / "job.py").read_text()
     assert "criterion    = ...  # the loss function tm.fit used" in text
     assert "tm.fit(train_loader, epochs=1, loss=criterion)" in text
-    build = _BUILD.format(tests=str(TESTS)) + "criterion = torch.nn.CrossEntropyLoss()\n"
+    paths = [str(HERE), str(TESTS)]
+    build = _BUILD.format(paths=paths) + "criterion = torch.nn.CrossEntropyLoss()\n"
     job = tmp_path / "filled.py"
     job.write_text(filled(text, build))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *paths])}
     run = subprocess.run(
         [sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -247,7 +248,7 @@ def test_a_folder_is_refused_in_one_line(tmp_path):
     (tmp_path / "x.py").mkdir()
     with pytest.raises(TorchMagicError, match=r"x\.py': it is a folder$"):
         _session().export(tmp_path / "x.py", force=True)
-    with pytest.raises(TorchMagicError, match="must end in .py$"):
+    with pytest.raises(TorchMagicError, match=r"must end in one of .py, .pt2, .*\.onnx$"):
         _session().export(tmp_path, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
 

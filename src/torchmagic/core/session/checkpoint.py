@@ -1,7 +1,8 @@
 """The Session leaving the kernel: a save file of the (current) model, loading one by
 replaying its saved calls through the session's own commands (all or nothing), and the
-model's commands, fits included, exported as a script of Session calls. The file format
-is ``core.checkpoint``'s, the script's ``core.export``'s."""
+model's commands, fits included, exported as a script of Session calls (or the model for
+inference, by the path's suffix). The file format is ``core.checkpoint``'s, the exports'
+``core.export``'s."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from ..advice import spelled
 from ..checkpoint import ResumeReport, SaveReport
 from ..checkpoint.provenance import zoo_call
 from ..errors import TorchMagicError
-from ..export import ExportReport, python_call
-from ..export import script as write_script
-from ..export import write as write_text
+from ..export import ExportOptions, ExportReport, InferenceReport, files, inference
+from ..export.script import python_call
+from ..export.script import script as write_script
+from ..export.script import write as write_text
 from ..rng import capture_rng, restore_rng
 from ..surgery import edits, scheduler_sync
 from ..surgery.grammar import parse_target
@@ -147,9 +149,13 @@ def _replay_call(session: Session, target: edits.BoundModel, call: Replay, comma
 
 
 def export(
-    session: Session, path: str | os.PathLike, model: str | None, force: bool
-) -> ExportReport:
+    session: Session, path: str | os.PathLike, model: str | None, options: ExportOptions
+) -> ExportReport | InferenceReport:
+    where, suffix = files.destination(path, options.force)
     target = session.bound(model, reading=True)
+    if suffix != ".py":
+        loaded = session.loaded.get(target.model_name)
+        return inference.export(target.model, target.model_name, loaded, where, suffix, options)
     applied = session._history.applied(target.model)
     fits = [f for f in session._fit_calls if f[0] is None or f[0]() is target.model]
     made_by_fits = {
@@ -190,5 +196,5 @@ def export(
         __version__,
         target.model_name,
     )
-    write_text(text, path, force)
+    write_text(text, where)
     return ExportReport(os.fspath(path), tuple(variables), len(steps))

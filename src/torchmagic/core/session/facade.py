@@ -20,7 +20,7 @@ from ..devices.memory import CellWatcher
 from ..devices.pinbench import PinReport
 from ..diagnostics.compiled import CompileWatch
 from ..diagnostics.doctor import DoctorReport
-from ..export import ExportReport
+from ..export import ExportOptions, ExportReport, InferenceReport
 from ..modules import unwrap
 from ..sharding import ShardReport
 from ..surgery import edits
@@ -220,13 +220,27 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         return distributed.shard(self, apply, model, optimizer)
 
     def export(
-        self, path: str | os.PathLike, model: str | None = None, *, force: bool = False
-    ) -> ExportReport:
-        """Write the (current) model's commands as a Python script of Session calls, fits,
-        fine_tune runs and AMP switches included: a batch job's skeleton with a marked place
-        for the variables it expects (see ``core.export``). Written atomically; an existing
+        self,
+        path: str | os.PathLike,
+        model: str | None = None,
+        *,
+        force: bool = ExportOptions.force,
+        input_shape: Sequence[int] | None = ExportOptions.input_shape,
+        tolerance: float = ExportOptions.tolerance,
+    ) -> ExportReport | InferenceReport:
+        """Export the (current) model by the path's suffix. ``.py``: its commands as a
+        Python script of Session calls, fits, fine_tune runs and AMP switches included, a
+        batch job's skeleton (see ``core.export.script``). ``.pt2`` (torch.export, dynamic
+        batch), ``.safetensors`` (the plain architecture's weights), ``.onnx``: the model
+        for inference, LoRA merged and BatchNorm in eval in a copy, labels and
+        preprocessing stored, read back and compared with the live model (largest
+        difference at most ``tolerance``) before it is kept (see
+        ``core.export.inference``, which also says how the input is found when
+        ``input_shape``, one batch's shape, is not given). Written atomically; an existing
         file is replaced only with ``force``."""
-        return checkpoint.export(self, path, model, force)
+        shape = None if input_shape is None else tuple(input_shape)
+        options = ExportOptions(force=force, input_shape=shape, tolerance=tolerance)
+        return checkpoint.export(self, path, model, options)
 
     # -- your own data ---------------------------------------------------------------
 

@@ -123,6 +123,31 @@ def _frozen_copy(bn: nn.BatchNorm2d) -> nn.Module:
     return frozen
 
 
+def stands_in(module: nn.Module) -> bool:
+    """A FrozenBatchNorm2d the ``frozen`` policy put in place of a BatchNorm2d (copies too)."""
+    return is_frozen_batchnorm(module) and hasattr(module, "original_settings")
+
+
+def plain_copy(frozen: nn.Module) -> nn.BatchNorm2d:
+    """A new BatchNorm2d in eval mode with ``frozen``'s values and its original's settings
+    (and batch count, when known): the module the model was built with, for an export
+    under the plain architecture's keys. Nothing of the live model changes."""
+    theirs = _tensors(frozen)
+    ref = theirs["running_mean"]
+    settings = getattr(frozen, "original_settings", {})
+    bn = nn.BatchNorm2d(
+        ref.numel(), eps=cast(float, frozen.eps), **settings, device=ref.device, dtype=ref.dtype
+    )
+    with torch.no_grad():
+        for name, tensor in _tensors(bn).items():
+            tensor.copy_(theirs[name])
+        original = REGISTRY.batchnorm_originals.get(frozen)
+        counted = None if original is None else original.num_batches_tracked
+        if counted is not None and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.copy_(counted)
+    return bn.eval()
+
+
 def _restored(frozen: nn.Module, training: bool, tx: Transaction) -> nn.BatchNorm2d:
     """The BatchNorm2d ``frozen`` replaced, holding ``frozen``'s current values (a checkpoint
     may have been loaded meanwhile), on its device and dtype; a new one with ``frozen``'s

@@ -9,15 +9,11 @@ first built them, it makes the same structure: flags, groups, lrs, heads, adapte
 
 from __future__ import annotations
 
-import contextlib
-import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .advice import Option
-from .errors import TorchMagicError
-from .surgery.results import Replay
+from ..surgery.results import Replay
+from .files import replaced_atomically
 
 BUILD_START = "---- build here: your model, optimizer, schedulers and data ----"
 BUILD_END = "---- end of your constructors ----"
@@ -79,7 +75,7 @@ def script(
         "    nohup python run.py > run.log 2>&1 &  # ... and it goes on after you log out",
         "    torchrun --nproc_per_node=2 run.py    # one process per GPU: in the marked place,",
         '                                          # init_process_group("nccl") and the model',
-        "                                          # on cuda:LOCAL_RANK (see docs/saving.md)",
+        "                                          # on cuda:LOCAL_RANK (see torchmagic's README)",
         '"""',
         "",
         "import torch  # noqa: F401  (for your constructors)",
@@ -99,35 +95,9 @@ def script(
     return "\n".join(lines) + "\n"
 
 
-def write(text: str, path: str | os.PathLike, force: bool = False) -> None:
-    """``text`` into a temporary file beside ``path``, renamed over it: ``path`` is never
-    a part of the script (Ctrl-C, a full disk). Mode as ``open`` gives it (the umask); an
-    existing file is replaced only with ``force``. Every refusal is one line, and leaves
-    neither a temporary nor an empty file."""
-    path = os.path.expanduser(os.fspath(path))
-    where = f"cannot export to '{path}'"
-    if not path.endswith(".py"):
-        raise TorchMagicError(
-            f"export writes a Python script: '{path}' must end in .py", param="path"
-        )
-    if os.path.isdir(path):
-        raise TorchMagicError(f"{where}: it is a folder", param="path")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise TorchMagicError(f"{where}: no folder '{folder}'", param="path")
-    if os.path.lexists(path) and not force:
-        raise TorchMagicError(
-            (f"{where}: the file exists; ", Option("force", True), " replaces it"), param="force"
-        )
-    temporary = os.path.join(folder, f".tm-export-{os.getpid()}-{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "x", encoding="utf-8") as stream:  # umask-honouring mode
-            stream.write(text)
-        os.replace(temporary, os.path.realpath(path))
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if not isinstance(exc, OSError):
-            raise
-        kept = "the old file is kept" if os.path.exists(path) else "nothing was written"
-        raise TorchMagicError(f"{where}: {exc.strerror or exc}; {kept}", param="path") from None
+def write(text: str, path: str) -> None:
+    """``text`` into ``path`` (checked by ``files.destination``), atomically: ``path`` is
+    never a part of the script (Ctrl-C, a full disk). Mode as ``open`` gives it (the
+    umask)."""
+    with replaced_atomically(path) as temporary, open(temporary, "x", encoding="utf-8") as out:
+        out.write(text)
