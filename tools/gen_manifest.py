@@ -45,6 +45,8 @@ EXAMPLES = {
     ("load_model", "line"): "%load_model resnet18 --weights DEFAULT --num-classes 10",
     ("lr_find", "line"): "%lr_find train_loader --apply",
     ("fine_tune", "line"): "%fine_tune train_loader --val val_loader --epochs 3 --lr 1e-3",
+    ("evaluate", "line"): "%evaluate model val_loader --worst 16",
+    ("predict", "line"): "%predict model photos/ --top 3",
 }
 # One line each for %tm help's screen: what the magic is for (short: a 60-column
 # terminal shows a line each).
@@ -60,6 +62,8 @@ PURPOSES = {
     ("fit", "line"): "train with its schedulers, live progress",
     ("lr_find", "line"): "the lr range test; all restored after",
     ("fine_tune", "line"): "fastai's recipe: the head, then all",
+    ("evaluate", "line"): "metrics, confusion, worst samples; compare",
+    ("predict", "line"): "classes of new inputs, eval transforms",
     ("device", "line"): "devices; move a model with its state",
     ("gpumem", "line"): "memory now, a step's peak, the best batch",
     ("tm", "line"): "the session: history, undo, save, help",

@@ -17,6 +17,7 @@ from .completion import MagicCompleter
 from .completion import register as register_completer
 from .completion import unregister as unregister_completer
 from .devices import DeviceMagics
+from .evaluation import EvaluationMagics
 from .models import ModelMagics
 from .session import SessionMagics
 from .surgery import SurgeryMagics
@@ -29,6 +30,7 @@ TOPICS: tuple[type[TopicMagics], ...] = (
     SurgeryMagics,
     ModelMagics,
     TrainingMagics,
+    EvaluationMagics,
     DeviceMagics,
     SessionMagics,
 )

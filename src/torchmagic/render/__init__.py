@@ -21,6 +21,7 @@ from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport
 from ..core.diagnostics.doctor import DoctorReport
+from ..core.evaluation import Evaluation, Prediction, Predictions
 from ..core.export import ExportReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
@@ -34,6 +35,7 @@ from . import (
     compare,
     device,
     doctor,
+    evaluation,
     lr_find,
     memory,
     progress,
@@ -118,6 +120,9 @@ for _type, _draw in (
     (SaveReport, checkpoint.saved),
     (ResumeReport, checkpoint.resumed),
     (ExportReport, checkpoint.exported),
+    (Evaluation, evaluation.evaluation),
+    (Prediction, evaluation.prediction),
+    (Predictions, evaluation.predictions),
 ):
     render.register(_type, _draw)
 

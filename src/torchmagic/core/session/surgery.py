@@ -32,6 +32,8 @@ from ..workspace import Workspace
 from . import history, invariants, names, shared
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from .facade import Session
 
 
@@ -244,7 +246,7 @@ def replace_head(
         command or call("replace_head", where or "auto", num_classes, dropout=dropout),
         target,
         dry_run,
-        lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels),
+        lambda tx: _named_head(session, target, root, root_name, num_classes, dropout, tx, labels),
         Replay(
             "replace_head",
             (root_name,),
@@ -255,6 +257,23 @@ def replace_head(
             ),
         ),
     )
+
+
+def _named_head(
+    session: Session,
+    target: edits.BoundModel,
+    root: nn.Module,
+    root_name: str,
+    num_classes: int,
+    dropout: float | None,
+    tx: Transaction,
+    labels: Sequence[str] | None,
+) -> Effect:
+    """The new head, and the model's class names with it (none without ``labels``: the
+    old names do not fit the new head); undo restores the previous names too."""
+    effect = edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels)
+    session.class_names.give(target.model, labels, tx)
+    return effect
 
 
 def add_lora(
