@@ -3,6 +3,13 @@
 from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
+from .evaluation import (
+    EvaluateOptions,
+    Evaluation,
+    Prediction,
+    Predictions,
+    PredictOptions,
+)
 from .export import ExportReport
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
@@ -20,9 +27,14 @@ __all__ = [
     "Change",
     "Counts",
     "Effect",
+    "EvaluateOptions",
+    "Evaluation",
     "ExportReport",
     "GroupInfo",
     "HistoryEntry",
+    "PredictOptions",
+    "Prediction",
+    "Predictions",
     "ResumeReport",
     "SaveReport",
     "Session",

@@ -6,8 +6,7 @@ from __future__ import annotations
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, real_name
 
-from ..core import TorchMagicError
-from ..core.evaluation import EvaluateOptions, Evaluation, PredictOptions
+from ..core import EvaluateOptions, Evaluation, PredictOptions, TorchMagicError
 from .base import TopicMagics, parse, render
 from .shown import ShownResult, echoed_in_a_terminal
 

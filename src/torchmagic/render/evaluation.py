@@ -256,29 +256,11 @@ class WorstSamples(OwnHtml):
         return f'<div class="torchmagic-worst">{title}{"".join(self._items())}</div>'
 
 
-class EvaluationView(Rendered):
-    """An evaluation drawn; reads like the result it shows (``ev.accuracy``)."""
+class ResultView(Rendered):
+    """A drawn result that reads like the result it shows (``ev.accuracy``)."""
 
-    def __init__(self, result: Evaluation, width: int | None = None) -> None:
-        parts: list[RenderableType] = [_summary(result)]
-        if result.comparison is not None:
-            against = comparison_text(result.comparison)
-            parts.append(Text(f"against the earlier evaluation: {against}"))
-        parts.append(_class_table(result))
-        if len(result.labels) <= MAX_MATRIX:
-            parts.append(HeatMap(result.confusion, result.labels))
-        else:
-            parts.append(
-                Text(
-                    f"confusion matrix: {len(result.labels)} classes, in .confusion",
-                    style=theme.style("dim"),
-                )
-            )
-        if result.most_confused:
-            parts.append(_most_confused(result))
-        if result.worst:
-            parts.append(WorstSamples(result))
-        super().__init__(Group(*parts), width)
+    def __init__(self, renderable: RenderableType, result: object, width: int | None) -> None:
+        super().__init__(renderable, width)
         self.result = result
 
     def __getattr__(self, name: str) -> Any:
@@ -288,8 +270,30 @@ class EvaluationView(Rendered):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-def evaluation(result: Evaluation, width: int | None = None) -> EvaluationView:
-    return EvaluationView(result, width)
+def _evaluation_parts(result: Evaluation) -> list[RenderableType]:
+    parts: list[RenderableType] = [_summary(result)]
+    if result.comparison is not None:
+        against = comparison_text(result.comparison)
+        parts.append(Text(f"against the earlier evaluation: {against}"))
+    parts.append(_class_table(result))
+    if len(result.labels) <= MAX_MATRIX:
+        parts.append(HeatMap(result.confusion, result.labels))
+    else:
+        parts.append(
+            Text(
+                f"confusion matrix: {len(result.labels)} classes, in .confusion",
+                style=theme.style("dim"),
+            )
+        )
+    if result.most_confused:
+        parts.append(_most_confused(result))
+    if result.worst:
+        parts.append(WorstSamples(result))
+    return parts
+
+
+def evaluation(result: Evaluation, width: int | None = None) -> ResultView:
+    return ResultView(Group(*_evaluation_parts(result)), result, width)
 
 
 def _prediction_table(items: Sequence[Prediction], title: str) -> RenderableType:
@@ -302,11 +306,11 @@ def _prediction_table(items: Sequence[Prediction], title: str) -> RenderableType
     return drawn
 
 
-def prediction(result: Prediction, width: int | None = None) -> Rendered:
+def prediction(result: Prediction, width: int | None = None) -> ResultView:
     title = f"{result.label} ({_pct(result.probabilities[0])})"
-    return Rendered(_prediction_table([result], title), width)
+    return ResultView(_prediction_table([result], title), result, width)
 
 
-def predictions(result: Predictions, width: int | None = None) -> Rendered:
+def predictions(result: Predictions, width: int | None = None) -> ResultView:
     title = f"`{result.model_name}` on {len(result)} inputs"
-    return Rendered(_prediction_table(result.items, title), width)
+    return ResultView(_prediction_table(result.items, title), result, width)
