@@ -48,10 +48,10 @@ def comparison_text(comparison: Comparison) -> str:
     else:
         verdict = "not yet a clear gain" if points > 0 else "no clear change"
     p = comparison.p_value
-    p_text = f"{p:.2g}" if p >= 0.001 else "< 0.001"
+    p_text = f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
     return (
         f"{points:+.1f} points, {comparison.fixed} fixed / {comparison.broken} broken, "
-        f"p = {p_text}: {verdict}"
+        f"{p_text}: {verdict}"
     )
 
 

@@ -209,3 +209,27 @@ def test_bad_data_is_one_line(digits):
     for module, data, match in cases:
         with pytest.raises(TorchMagicError, match=match):
             Session(module).evaluate(data)
+
+
+def test_the_forward_runs_in_eval_and_inference_mode_under_the_amp_policy(digits, val_loader):
+    model = copy.deepcopy(digits[0]).train()
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def look(module, inputs, output):
+        seen.append(
+            (torch.is_autocast_enabled("cpu"), torch.is_inference_mode_enabled(), module.training)
+        )
+
+    model[0].register_forward_hook(look)
+    session = Session(model)
+    session.amp_on("bf16")
+    ev = session.evaluate(val_loader)
+    assert seen and all(
+        autocast and inference and not training for autocast, inference, training in seen
+    )
+    assert ev.samples == 597 and model[0].training
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    session.amp_off()
+    seen.clear()
+    session.evaluate(val_loader)
+    assert seen and not any(autocast for autocast, _, _ in seen)
