@@ -223,7 +223,7 @@ class WorstSamples(OwnHtml):
             drawn.add_row(
                 str(s.index),
                 *([s.path or ""] if has_path else []),
-                f"{s.loss:.4g}",
+                f"{s.loss:.3f}",
                 self._label(s.target),
                 self._label(s.predicted),
             )

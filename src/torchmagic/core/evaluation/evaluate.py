@@ -49,7 +49,7 @@ class ClassRow:
     support: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: equal only to itself
 class Evaluation:
     """What one evaluation measured. ``confusion``: int64 ``[C, C]``, rows the true class,
     columns the predicted; ``most_confused``: (true label, predicted label, count), the
@@ -76,7 +76,7 @@ class Evaluation:
     decode: Callable[[Any], str] | None = None  # a text input's tokens as words
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EvaluationPlan:
     """Everything one pass needs, resolved and checked by the session."""
 

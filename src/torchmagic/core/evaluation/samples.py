@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, SequentialSampler, Subset
 from ..training.data import KeywordInputs, transform_parts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds its input tensor: equal only to itself
 class WorstSample:
     """One sample among the largest losses. ``index``: its position in the loader's order;
     ``path``: its file, when the dataset knows it; ``input``: the model's input for it as
