@@ -81,14 +81,16 @@ SKIP = {
 
 # Code a reader would have run before the example, each with why.
 SETUP = {
-    # Class names are stored in a label map, which only Hugging Face models keep (a
-    # ResNet refuses labels=): a tiny ViT, built from a config, becomes the model.
-    "labels=cat,dog,bird": """
-from transformers import ViTConfig, ViTForImageClassification
-model = ViTForImageClassification(ViTConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-    image_size=16, patch_size=8, num_labels=10))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # %predict reads image files and a PIL image through evaluation transforms.
+    "photos/cat.jpg": """
+import os
+from PIL import Image
+from torchvision import transforms
+os.makedirs("photos", exist_ok=True)
+for _name in ("cat", "dog"):
+    Image.new("RGB", (20, 20), (120, 60, 30)).save(f"photos/{_name}.jpg")
+image = Image.open("photos/cat.jpg")
+preprocess = transforms.Compose([transforms.Resize(16), transforms.ToTensor()])
 """,
     # Linear probing trains the head alone: the backbone is frozen first (--cache-features
     # refuses otherwise), which the progressive run on the next line unfreezes again.

@@ -34,6 +34,14 @@ from torchmagic.core.devices.pinbench import PinReport
 from torchmagic.core.devices.placement import CheckReport, Misplaced
 from torchmagic.core.diagnostics.doctor import DoctorReport
 from torchmagic.core.diagnostics.findings import Finding
+from torchmagic.core.evaluation import (
+    ClassRow,
+    Comparison,
+    Evaluation,
+    Prediction,
+    Predictions,
+    WorstSample,
+)
 from torchmagic.core.export import ExportReport, InferenceReport
 from torchmagic.core.export.metadata import Preprocessing
 from torchmagic.core.surgery.results import (
@@ -569,9 +577,44 @@ def _image_folders() -> object:
     )
 
 
+def _evaluation() -> Evaluation:
+    return Evaluation(
+        model_name="model",
+        data_name="val_loader",
+        samples=16,
+        accuracy=0.75,
+        loss=0.6931,
+        confusion=torch.tensor([[5, 1, 0], [2, 3, 1], [0, 0, 4]]),
+        per_class=(
+            ClassRow("cat", 0.714, 0.833, 0.769, 6),
+            ClassRow("dog", 0.75, 0.5, 0.6, 6),
+            ClassRow("owl", 0.8, 1.0, 0.889, 4),
+        ),
+        labels=("cat", "dog", "owl"),
+        most_confused=(("dog", "cat", 2), ("cat", "dog", 1), ("dog", "owl", 1)),
+        worst=(
+            WorstSample(7, 2.5, 1, 0, "val/dog/7.jpg"),
+            WorstSample(3, 1.25, 0, 1, "val/cat/3.jpg"),
+        ),
+        top_k=2,
+        top_k_accuracy=0.9375,
+        correct=torch.ones(16, dtype=torch.bool),
+        targets_fingerprint="0" * 16,
+        comparison=Comparison(0.125, 3, 1, 0.625),
+    )
+
+
+_CAT = Prediction("photos/cat.jpg", ("cat", "owl", "dog"), (0.8125, 0.125, 0.0625))
+
+
 CASES: dict[str, Callable[[], object]] = {
     "image_folders": _image_folders,
     "change_freeze": _freeze_live,
+    "evaluation": _evaluation,
+    "prediction": lambda: _CAT,
+    "predictions": lambda: Predictions(
+        "model", (_CAT, Prediction("photos/dog.jpg", ("dog", "cat", "owl"), (0.5, 0.25, 0.25)))
+    ),
     "change_dry_run": _dry_run_live,
     "change_undo": _undo_live,
     "change_unfreeze_scheduled": _unfreeze_scheduled,

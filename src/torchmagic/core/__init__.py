@@ -3,6 +3,13 @@
 from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
+from .evaluation import (
+    EvaluateOptions,
+    Evaluation,
+    Prediction,
+    Predictions,
+    PredictOptions,
+)
 from .export import ExportOptions, ExportReport, InferenceReport
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
@@ -25,6 +32,11 @@ __all__ = [
     "GroupInfo",
     "HistoryEntry",
     "InferenceReport",
+    "EvaluateOptions",
+    "Evaluation",
+    "PredictOptions",
+    "Prediction",
+    "Predictions",
     "ResumeReport",
     "SaveReport",
     "Session",

@@ -4,6 +4,7 @@ shared base, all driving one Session that one configurable, ``TorchMagics``, own
 - surgery: ``%freeze`` ``%unfreeze`` ``%replace_head`` ``%summary``
 - data: ``%load_data``
 - training: ``%fit`` ``%amp`` ``%%amp``
+- evaluation: ``%evaluate`` ``%predict``
 - devices: ``%device`` ``%gpumem``
 - session: ``%tm``
 

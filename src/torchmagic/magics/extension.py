@@ -18,6 +18,7 @@ from .completion import register as register_completer
 from .completion import unregister as unregister_completer
 from .data import DataMagics
 from .devices import DeviceMagics
+from .evaluation import EvaluationMagics
 from .models import ModelMagics
 from .session import SessionMagics
 from .surgery import SurgeryMagics
@@ -33,6 +34,7 @@ TOPICS: tuple[type[TopicMagics], ...] = (
     ModelMagics,
     DataMagics,
     TrainingMagics,
+    EvaluationMagics,
     DeviceMagics,
     SessionMagics,
 )

@@ -40,7 +40,8 @@ LABELS = KeyOption(
     parse_labels,
     "names",
     "the model config's own labels, when it has them",
-    "class names for a Hugging Face config's id2label / label2id; N defaults to their count",
+    "class names, kept for %evaluate and %predict (and in a Hugging Face config's "
+    "id2label / label2id); N defaults to their count",
 )
 WD = KeyOption(
     "wd",

@@ -22,6 +22,7 @@ from ..core.devices.memory import CellMemory, MemoryReport, ResetReport
 from ..core.devices.pinbench import PinReport
 from ..core.devices.placement import CheckReport
 from ..core.diagnostics.doctor import DoctorReport
+from ..core.evaluation import Evaluation, Prediction, Predictions
 from ..core.export import ExportReport, InferenceReport
 from ..core.surgery.results import Change, CommandHistory, SummaryReport
 from ..core.training.amp import AmpStatus
@@ -36,6 +37,7 @@ from . import (
     data,
     device,
     doctor,
+    evaluation,
     lr_find,
     memory,
     progress,
@@ -122,6 +124,9 @@ for _type, _draw in (
     (ResumeReport, checkpoint.resumed),
     (ExportReport, checkpoint.exported),
     (InferenceReport, checkpoint.exported_for_inference),
+    (Evaluation, evaluation.evaluation),
+    (Prediction, evaluation.prediction),
+    (Predictions, evaluation.predictions),
 ):
     render.register(_type, _draw)
 

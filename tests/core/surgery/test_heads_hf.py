@@ -290,11 +290,12 @@ def test_bad_labels_change_nothing(labels, num_classes, match) -> None:
     assert model.num_labels == OLD_CLASSES
 
 
-def test_labels_need_a_label_map() -> None:
+def test_labels_without_a_label_map_are_kept_by_the_session() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    with pytest.raises(TorchMagicError, match="keeps no label map"):
-        Session(model).replace_head("auto", 2, labels=["a", "b"])
-    assert model[2].out_features == 3
+    session = Session(model)
+    session.replace_head("auto", 2, labels=["a", "b"])
+    assert model[2].out_features == 2 and session.labels() == ("a", "b")
+    assert not hasattr(model, "config")
 
 
 @pytest.mark.parametrize("where", ["cls_classifier", "distillation_classifier"])

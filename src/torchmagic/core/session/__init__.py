@@ -30,6 +30,7 @@ the module of its domain, where what decides things lives:
 - ``checkpoint.py``: save, load (replaying the saved calls), export as a script.
 - ``models.py``: a zoo model built and bound in the namespace.
 - ``diagnostics.py``: the doctor, told what the session knows.
+- ``evaluation.py``: evaluate and predict, with the class names the session knows.
 """
 
 from .config import SessionConfig

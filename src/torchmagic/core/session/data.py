@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data import ImageFolders, image_folders
 from ..errors import TorchMagicError
+from ..modules import unwrap
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -62,5 +63,5 @@ def load_data(
     )
     namespace[bind[0]], namespace[bind[1]] = found.train_loader, found.val_loader
     if name is not None:
-        session.class_names[name] = found.classes
+        session.class_names.keep(unwrap(session.workspace.resolve_model(name)[1]), found.classes)
     return replace(found, bound=bind, model=name)

@@ -39,6 +39,24 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def check_placement(session: Session, name: str, model: nn.Module) -> torch.device:
+    """Where ``model`` runs a command: its device, refused in one line when that is not
+    the session's device or not the one the AMP policy is on."""
+    device = model_device(model)
+    if session.device is not None and session.device != device:
+        raise TorchMagicError(
+            f"'{name}' is on {device} but the session device is {session.device}; "
+            "move it there first"
+        )
+    amp = session.amp
+    if amp.enabled and amp.device_type != device.type:
+        raise TorchMagicError(
+            f"AMP is on for {amp.device_type} but '{name}' is on {device.type}; "
+            f"turn AMP on again for {device.type}"
+        )
+    return device
+
+
 def device_type(session: Session, model: str | None) -> str:
     if session.device is not None:
         return session.device.type

@@ -8,6 +8,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Container, MutableMapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,6 +21,9 @@ from ..devices.memory import CellWatcher
 from ..devices.pinbench import PinReport
 from ..diagnostics.compiled import CompileWatch
 from ..diagnostics.doctor import DoctorReport
+from ..evaluation.evaluate import EvaluateOptions, Evaluation
+from ..evaluation.labels import ClassNames
+from ..evaluation.predict import Prediction, Predictions, PredictOptions
 from ..export import ExportOptions, ExportReport, InferenceReport
 from ..modules import unwrap
 from ..sharding import ShardReport
@@ -30,7 +34,17 @@ from ..training.amp import Accumulation, AmpController
 from ..training.fit_events import FitHistory
 from ..workspace import Workspace
 from ..zoo import LoadedModel
-from . import checkpoint, data, diagnostics, distributed, history, models, names, shared
+from . import (
+    checkpoint,
+    data,
+    diagnostics,
+    distributed,
+    evaluation,
+    history,
+    models,
+    names,
+    shared,
+)
 from .config import SessionConfig
 from .facade_devices import DeviceFacade
 from .facade_surgery import SurgeryFacade
@@ -74,7 +88,8 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         self.compile_watch = CompileWatch()  # compiled models as first seen, for doctor()
         self.cell_watch = CellWatcher()  # memory around each cell, for the notebook's watch
         self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
-        self.class_names: dict[str, tuple[str, ...]] = {}  # model variable → its classes
+        # each model's class names: given with labels= (undoable) or found by load_data
+        self.class_names = ClassNames()
         self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
         # step(accumulate=N): each optimizer's open window of micro-batches
         self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (
@@ -259,6 +274,45 @@ class Session(SurgeryFacade, TrainingFacade, DeviceFacade):
         ``LoadDataOptions`` (valid, batch, size, workers, seed). Refused in one line with
         nothing bound (a missing folder, an empty class, an unreadable image...)."""
         return data.load_data(self, path, model, bind, options)
+
+    # -- after training: evaluate, predict, class names ----------------------------------
+
+    def evaluate(
+        self,
+        data: object,
+        model: str | None = None,
+        options: EvaluateOptions | None = None,
+        **given: Any,
+    ) -> Evaluation:
+        """Measure the (current) model on ``data`` (a loader or its variable name):
+        accuracy, loss, confusion matrix, per-class precision / recall / f1, the most
+        confused pairs, the ``worst`` samples by loss, top-k accuracy, and with
+        ``against`` the paired comparison with an earlier evaluation. Runs in eval mode
+        under ``inference_mode`` with the session's device and AMP policy; the model and
+        every random state are left exactly as they were. ``given``: fields of
+        :class:`EvaluateOptions` (``worst=16``)."""
+        options = replace(options or EvaluateOptions(), **given)
+        return evaluation.evaluate(self, data, model, options)
+
+    def predict(
+        self,
+        input: object,
+        model: str | None = None,
+        options: PredictOptions | None = None,
+        **given: Any,
+    ) -> Prediction | Predictions:
+        """The (current) model's classes for ``input`` (an image path, a folder of images,
+        a PIL image, a tensor, or a variable holding one), best first, through the
+        model's evaluation transforms (never the training augmentation): a Prediction for
+        one input, Predictions for a folder or a batch. ``given``: fields of
+        :class:`PredictOptions` (``top=3``)."""
+        options = replace(options or PredictOptions(), **given)
+        return evaluation.predict(self, input, model, options)
+
+    def labels(self, model: str | None = None) -> tuple[str, ...] | None:
+        """The (current) model's class names as the session knows them (given with
+        ``labels=``, its config's ``id2label``, its weights' categories), or None."""
+        return evaluation.known_names(self, model)
 
 
 def resume(

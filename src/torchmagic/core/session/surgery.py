@@ -32,6 +32,8 @@ from ..workspace import Workspace
 from . import history, invariants, names, shared
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from .facade import Session
 
 
@@ -227,14 +229,14 @@ def replace_head(
         session.workspace, None if where == "auto" else where, optimizer
     )
     if num_classes is None:
-        known = labels if labels is not None else session.class_names.get(target.model_name)
+        known = labels if labels is not None else session.class_names.given(target.model)
         if known is None:
             raise TorchMagicError(
                 "the class count is missing: give num_classes (or labels, or load the "
                 "data first so that its class folders give them)",
                 param="num_classes",
             )
-        num_classes = len(known)
+        num_classes, labels = len(known), tuple(known)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise TorchMagicError(
             f"num_classes must be a positive integer, got {num_classes!r}",
@@ -246,7 +248,7 @@ def replace_head(
         command or call("replace_head", where or "auto", num_classes, dropout=dropout),
         target,
         dry_run,
-        lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels),
+        lambda tx: _named_head(session, target, root, root_name, num_classes, dropout, tx, labels),
         Replay(
             "replace_head",
             (root_name,),
@@ -257,6 +259,23 @@ def replace_head(
             ),
         ),
     )
+
+
+def _named_head(
+    session: Session,
+    target: edits.BoundModel,
+    root: nn.Module,
+    root_name: str,
+    num_classes: int,
+    dropout: float | None,
+    tx: Transaction,
+    labels: Sequence[str] | None,
+) -> Effect:
+    """The new head, and the model's class names with it (none without ``labels``: the
+    old names do not fit the new head); undo restores the previous names too."""
+    effect = edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels)
+    session.class_names.give(target.model, labels, tx)
+    return effect
 
 
 def add_lora(

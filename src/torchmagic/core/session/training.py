@@ -38,6 +38,7 @@ from ..training.recipe import (
 )
 from ..training.schedule_steps import SchedStep
 from . import names, shared
+from .devices import check_placement
 from .surgery import call, checked_bn, options
 
 if TYPE_CHECKING:
@@ -76,18 +77,8 @@ def fit_plan(
             f"optimizer = torch.optim.AdamW(p for p in {name}.parameters() "
             "if p.requires_grad)"
         )
-    device = session.model_device(target.model)
-    if session.device is not None and session.device != device:
-        raise TorchMagicError(
-            f"'{name}' is on {device} but the session device is {session.device}; "
-            "move it there first"
-        )
+    device = check_placement(session, name, target.model)
     amp = session.amp
-    if amp.enabled and amp.device_type != device.type:
-        raise TorchMagicError(
-            f"AMP is on for {amp.device_type} but '{name}' is on {device.type}; "
-            f"turn AMP on again for {device.type}"
-        )
     plan = FitPlan(
         model=target.model,
         model_name=name,

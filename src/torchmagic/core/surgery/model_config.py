@@ -48,13 +48,6 @@ def check_labels(
     repeated = sorted({name for name in labels if list(labels).count(name) > 1})
     if repeated:
         raise TorchMagicError(f"labels repeat {', '.join(repeated)}", param="labels")
-    if _label_config(model) is None:
-        raise TorchMagicError(
-            f"{type(model).__name__} keeps no label map to store class names in "
-            f"(Hugging Face models keep one in their config); give the count instead of "
-            f"labels=: {num_classes}",
-            param="labels",
-        )
     if not _replaces_main(heads):
         raise TorchMagicError(
             "class names go with the main head, and only auxiliary heads are replaced",
