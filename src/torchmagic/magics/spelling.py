@@ -1,6 +1,6 @@
 """The magic a notebook user types for each session command a fix suggests or the
 history lists: the method's magic, its arguments, each option as the magic's own flag
-(``exclude`` → ``--except fc``, ``lr`` → ``lr=1e-05:0.001``, ``apply`` → ``--apply``),
+(``exclude`` → ``--except fc``, ``lr`` → ``lr=1e-5:0.001``, ``apply`` → ``--apply``),
 read from the manifest."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..core.advice import Call
+from ..core.numbers import short
 from ..manifest import load_manifest
 
 # Session methods whose magic is not ``%method``.
@@ -36,7 +37,7 @@ def _flags(method: str) -> dict[str, str]:
 def _value(value: object) -> str:
     """A value as a magic line writes it: words apart, an lr range ``A:B``."""
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return short(value)
     if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
         return " ".join(value)
     if isinstance(value, tuple):

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..choices import SCHEDULES
 from ..errors import TorchMagicError
+from ..numbers import short
 from ..surgery import edits, heads, scheduler_sync
 from ..surgery.base_lrs import base_lrs
 from ..surgery.results import Replay
@@ -299,7 +300,7 @@ def lr_find(
         optimizer=optimizer,
         command=(
             *call("lr_find", apply=True),
-            f": base lr {suggestion:.3g} for {'group ' * group.isdigit()}{group}, "
+            f": base lr {short(suggestion)} for {'group ' * group.isdigit()}{group}, "
             "others in proportion",
         ),
     )
