@@ -23,6 +23,7 @@ from rich.console import (
     RenderResult,
 )
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.segment import Segment
 from rich.table import Column, Table
 from rich.text import Text
@@ -525,12 +526,16 @@ def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
     """A cell's content drawn unbounded (the browser wraps it), lines apart by <br>;
     ``whole`` False: each word kept on one line, as browsers otherwise also break after
     a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``). A one-line text (most
-    cells) is drawn from its own segments, without a layout pass."""
-    text = console.render_str(cell) if isinstance(cell, str) else cell  # as rich would
+    cells) is drawn from its own segments, without a layout pass; so is one indented by
+    a plain ``Padding`` (the summary's module names), its indent as spaces."""
+    indent, inner = [], cell
+    if isinstance(cell, Padding) and not (cell.top or cell.bottom or console.get_style(cell.style)):
+        indent, inner = [Segment(" " * cell.left)], cell.renderable
+    text = console.render_str(inner) if isinstance(inner, str) else inner  # as rich would
     if isinstance(text, Text) and "\n" not in text.plain:
         base = console.get_style(text.style) if text.style else None  # render() omits it
         drawn = Segment.apply_style(text.render(console, end=""), base)
-        segments = _rstrip(Segment.simplify(drawn))
+        segments = _rstrip(Segment.simplify([*indent, *drawn]))
         return _html_line(segments, words=not whole) if segments else ""
     options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
     lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
