@@ -43,7 +43,7 @@ def test_commands_a_magic_ran_read_as_magics(ip) -> None:
         ip.run_line_magic("fine_tune", "train_loader --val val_loader --epochs 1 --lr 1e-2")
     session = loaded(ip).session
     entries = [spelled(e.command, magic_line) for e in session.history()]
-    assert entries == ["%freeze model --except fc", "%unfreeze model body fc lr=0.0001:0.01"]
+    assert entries == ["%freeze model --except fc", "%unfreeze model body fc lr=1e-4:0.01"]
     text = _history_text(ip)
     assert "%freeze model --except fc" in text and "freeze('model'" not in text
     assert "tm." not in text
@@ -99,7 +99,7 @@ def test_python_sessions_see_session_calls() -> None:
     tm.replace_head("fc", 3)
     assert [spelled(e.command) for e in tm.history()] == [
         'tm.freeze("body", bn="train")',
-        'tm.unfreeze("body", lr=(0.0001, 0.001))',
+        'tm.unfreeze("body", lr=(1e-4, 0.001))',
         'tm.replace_head("fc", 3)',
     ]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .numbers import short
+
 
 @dataclass(frozen=True)
 class Call:
@@ -46,11 +48,12 @@ class Option:
 
 
 def _python(value: object) -> str:
-    """A value as a Python call writes it; floats short (``0.025``, not ``0.0250000001``)."""
+    """A value as a Python call writes it; floats short (``0.025``, not ``0.0250000001``;
+    ``1e-5``, not ``1e-05``)."""
     if isinstance(value, str):
         return value if value == PLACEHOLDER else f'"{value}"'
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return short(value)
     if isinstance(value, tuple):
         inner = ", ".join(f'"{v}"' if isinstance(v, str) else _python(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"

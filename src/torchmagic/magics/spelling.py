@@ -1,11 +1,12 @@
 """The magic a notebook user types for each session command a fix suggests or the
 history lists: the method's magic, its arguments, each option as the magic's own flag
-(``exclude`` → ``--except fc``, ``lr`` → ``lr=1e-05:0.001``, ``apply`` → ``--apply``),
+(``exclude`` → ``--except fc``, ``lr`` → ``lr=1e-5:0.001``, ``apply`` → ``--apply``),
 read from the table of flags the magics declare."""
 
 from __future__ import annotations
 
 from ..core.advice import Call, Option
+from ..core.numbers import short
 from .usage import FLAGS
 
 # Session methods whose magic is not ``%method``.
@@ -23,7 +24,7 @@ _MAGICS = {
 def _value(value: object) -> str:
     """A value as a magic line writes it: words apart, an lr range ``A:B``."""
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return short(value)
     if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
         return " ".join(value)
     if isinstance(value, tuple):

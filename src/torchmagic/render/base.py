@@ -10,7 +10,6 @@ import io
 import re
 import shutil
 import sys
-import weakref
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,10 +23,12 @@ from rich.console import (
     RenderResult,
 )
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.segment import Segment
 from rich.table import Column, Table
 from rich.text import Text
 
+from ..core.numbers import short
 from . import html_narrow, theme, units
 
 # HTML: every table a real <table> the browser sizes to the output (max-width 100%: its
@@ -107,21 +108,10 @@ class Rendered:
         self.renderable = renderable
         self.width = width or default_width()
 
-    def lines(
-        self, console: Console | None = None, parts: list[RenderableType] | None = None
-    ) -> list[list[Segment]]:
+    def lines(self, console: Console | None = None) -> list[list[Segment]]:
         """The renderable drawn at ``width``, as lines of styled segments, trailing blanks
-        dropped: the one drawing both MIME types come from. ``console`` and ``parts``:
-        those of the bundle being drawn, so that text and HTML measure each table once."""
-        console = console or self.console()
-        lines = [
-            _rstrip(Segment.simplify(line))
-            for part, width in self.drawn(console, parts)
-            for line in console.render_lines(part, console.options.update_width(width), pad=False)
-        ]
-        while lines and not lines[-1]:
-            lines.pop()
-        return lines
+        dropped: what ``text/plain`` is made of."""
+        return self._drawing(console).lines()
 
     def console(self) -> Console:
         """The console every drawing of this renderable goes through."""
@@ -139,17 +129,12 @@ class Rendered:
             emoji=False,
         )
 
-    def drawn(
-        self, console: Console, parts: list[RenderableType] | None = None
-    ) -> list[tuple[RenderableType, int]]:
+    def drawn(self, console: Console) -> list[tuple[RenderableType, int]]:
         """What ``lines`` draws, in order: each part of the renderable (a nested Group
         flattened) with the width it is drawn at; a table as laid out by ``_fitted``
         (with the line naming the columns it hid, if any)."""
-        return [
-            drawn
-            for part in (parts if parts is not None else _parts(self.renderable))
-            for drawn in _fitted(console, part, self.width)
-        ]
+        drawing = self._drawing(console)
+        return [placed for index in range(len(drawing.parts)) for placed in drawing.placed(index)]
 
     def _repr_mimebundle_(
         self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
@@ -157,44 +142,110 @@ class Rendered:
         types = wanted(include, exclude)
         if not types:
             return {}
+        drawing = self._drawing()  # one for both types: each table measured once
         bundle = {}
-        console, parts = self.console(), list(_parts(self.renderable))  # one of each for both
         if "text/plain" in types:
-            bundle["text/plain"] = _text(self.lines(console, parts))
+            bundle["text/plain"] = _text(drawing.lines())
         if "text/html" in types:
-            bundle["text/html"] = self.html(console, parts)
+            bundle["text/html"] = drawing.html()
         return bundle
 
-    def html(
-        self, console: Console | None = None, parts: list[RenderableType] | None = None
-    ) -> str:
+    def html(self) -> str:
         """The ``text/html`` drawing: tables as <table> with every column, the other
         parts as the lines ``lines`` draws them in."""
-        console = console or self.console()
+        return self._drawing().html()
+
+    def __str__(self) -> str:
+        return _text(self.lines())
+
+    def _drawing(self, console: Console | None = None) -> Drawing:
+        return Drawing(self.renderable, self.width, console or self.console())
+
+
+class Drawing:
+    """One ``Rendered`` drawn once for every MIME type: its parts listed once, each
+    table's columns measured once, each part's lines drawn once (the HTML puts the
+    text drawing's lines of the parts that are not tables in a <pre>). It lives as long
+    as one bundle is made, and holds the parts its measurements are keyed by."""
+
+    def __init__(self, renderable: RenderableType, width: int, console: Console) -> None:
+        self.console = console
+        self.width = width
+        self.parts = list(_parts(renderable))
+        self._sizes: dict[int, tuple[list[int], list[int]]] = {}  # by id of a table of parts
+        self._placed: dict[int, list[tuple[RenderableType, int]]] = {}  # by part index
+        self._lines: dict[int, list[list[Segment]]] = {}  # by part index
+
+    def sizes(self, table: Table) -> tuple[list[int], list[int]]:
+        """``_column_sizes`` of a table of ``parts``, measured once."""
+        if id(table) not in self._sizes:
+            self._sizes[id(table)] = _column_sizes(self.console, table)
+        return self._sizes[id(table)]
+
+    def placed(self, index: int) -> list[tuple[RenderableType, int]]:
+        """Part ``index`` as ``_fitted`` lays it out; a ``Facts`` at the width its table
+        is drawn at."""
+        if index not in self._placed:
+            part = self.parts[index]
+            if isinstance(part, Facts):
+                self._placed[index] = [(part, self._table_width(part.table))]
+            elif isinstance(part, Table) and not _drawn_as_text(part):
+                self._placed[index] = _fitted(self.console, part, self.width, self.sizes(part))
+            else:
+                self._placed[index] = [(part, self.width)]
+        return self._placed[index]
+
+    def _table_width(self, table: Table) -> int:
+        """How wide ``table`` is drawn, after it hid or narrowed columns to fit (what a
+        line under it lines up with): one of ``parts``, or drawn alone."""
+        held = [i for i, part in enumerate(self.parts) if part is table]
+        if held:
+            fitted, drawn_at = self.placed(held[0])[0]
+        else:
+            fitted, drawn_at = _fitted(self.console, table, self.width)[0]
+        options = self.console.options.update(width=drawn_at)
+        return max(min(self.console.measure(fitted, options=options).maximum, drawn_at), 1)
+
+    def part_lines(self, index: int) -> list[list[Segment]]:
+        """Part ``index`` drawn as ``placed`` lays it out, each line without trailing
+        blanks."""
+        if index not in self._lines:
+            render_lines, update = self.console.render_lines, self.console.options.update_width
+            self._lines[index] = [
+                _rstrip(Segment.simplify(line))
+                for part, width in self.placed(index)
+                for line in render_lines(part, update(width), pad=False)
+            ]
+        return self._lines[index]
+
+    def lines(self) -> list[list[Segment]]:
+        """Every part's lines, trailing blank lines dropped."""
+        lines = [line for index in range(len(self.parts)) for line in self.part_lines(index)]
+        while lines and not lines[-1]:
+            lines.pop()
+        return lines
+
+    def html(self) -> str:
+        """Tables as <table> with every column (``_html_table``), parts that draw their
+        own HTML as they do, the other parts' lines in <pre> blocks."""
         blocks: list[str] = []
         text: list[list[Segment]] = []
-        for part in parts if parts is not None else _parts(self.renderable):
+        for index, part in enumerate(self.parts):
             if isinstance(part, (Table, OwnHtml)) and not _drawn_as_text(part):
                 if text:
                     blocks.append(_pre(text))
                     text = []
-                blocks.append(
-                    part.html() if isinstance(part, OwnHtml) else _html_table(console, part)
-                )
+                if isinstance(part, OwnHtml):
+                    blocks.append(part.html())
+                else:
+                    blocks.append(_html_table(self.console, part, self.sizes(part)))
                 continue
-            options = console.options.update_width(self.width)
-            text += [
-                _rstrip(Segment.simplify(line))
-                for line in console.render_lines(part, options, pad=False)
-            ]
+            text += self.part_lines(index)
         while text and not text[-1]:
             text.pop()
         if text:
             blocks.append(_pre(text))
         return _HTML.format(blocks="".join(blocks))
-
-    def __str__(self) -> str:
-        return _text(self.lines())
 
 
 def _pre(lines: list[list[Segment]]) -> str:
@@ -214,27 +265,43 @@ class Fitted:
         self.renderable = renderable
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        for part in _parts(self.renderable):
-            drawn = _fitted(console, part, options.max_width)
+        drawing = Drawing(self.renderable, options.max_width, console)
+        for index, part in enumerate(drawing.parts):
+            drawn = drawing.placed(index)
             if any(width > options.max_width for _, width in drawn):
                 drawn = [(part, options.max_width)]
-            for fitted, _ in drawn:
-                for segment in console.render(fitted, options):
+            for fitted, width in drawn:
+                for segment in console.render(fitted, options.update_width(width)):
                     yield segment._replace(text=units.unglue(segment.text))
 
 
 def _parts(renderable: RenderableType) -> Iterator[RenderableType]:
     """The renderables of a (nested) Group in order, each drawn at its own width, its
-    numbers glued to their units (``units``)."""
-    if isinstance(renderable, Group):
-        for part in renderable.renderables:
-            yield from _parts(part)
-    else:
-        yield units.glue(renderable)
+    numbers glued to their units (``units``); a ``Facts`` names its table as drawn."""
+    glued: dict[int, Table] = {}  # by id of a table as given: its glued copy
+    stack = [renderable]
+    while stack:
+        part = stack.pop()
+        if isinstance(part, Group):
+            stack += reversed(part.renderables)
+        elif isinstance(part, Facts):
+            yield Facts(part.facts, glued.get(id(part.table), part.table))
+        else:
+            drawn = units.glue(part)
+            if isinstance(drawn, Table):
+                glued[id(part)] = drawn
+            yield drawn
 
 
-def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[RenderableType, int]]:
-    """``part`` and the width to draw it at, then the line naming the columns it hid.
+def _fitted(
+    console: Console,
+    part: Table,
+    width: int,
+    sizes: tuple[list[int], list[int]] | None = None,
+) -> list[tuple[RenderableType, int]]:
+    """``part`` as drawn in ``width`` columns and the width to draw it at, then the line
+    naming the columns it hid. ``sizes``: ``_column_sizes`` of it, when the caller has
+    them.
 
     A table wider than ``width`` first hides its least important columns
     (``HouseTable.hide``, in order) until each row fits on one line (prose wrapped down
@@ -243,29 +310,25 @@ def _fitted(console: Console, part: RenderableType, width: int) -> list[tuple[Re
     break the word: a module path cut in two reads as two names), and columns that do
     not wrap (``no_wrap``, the house table's ``whole``) keep their widest cell. A table
     whose words alone are wider is drawn as wide as they need: the HTML scrolls
-    sideways, and a terminal wraps the line whole. Anything else is drawn at ``width``
-    as it is."""
-    if not isinstance(part, Table) or not part.columns or _sized(part):
-        return [(part, width)]
-    lows, highs = _column_sizes(console, part)
-    gone = {c for below, c in hide_widths(console, part, (lows, highs)) if width < below}
+    sideways, and a terminal wraps the line whole. Every column of the drawn copy has
+    its width set, so rich lays it out without measuring its cells again."""
+    lows, highs = sizes = sizes or _column_sizes(console, part)
+    gone = {c for below, c in hide_widths(console, part, sizes) if width < below}
     shown = [i for i in range(len(part.columns)) if i not in gone]
+    hidden = [i for i in range(len(part.columns)) if i in gone]
     edges = _edges(console, part, shown)
-    hidden = [i for i in range(len(part.columns)) if i not in shown]
+    drawn_at, room = width, width - edges
+    widths = [highs[i] for i in shown]
+    if sum(widths) > room:
+        shown_lows = [lows[i] for i in shown]
+        widths = shown_lows if sum(shown_lows) >= room else _share(shown_lows, widths, room)
+        drawn_at = max(width, sum(widths) + edges)
     fitted = copy.copy(part)
     # rich measures a column by its _index (the last one has no right padding)
-    fitted.columns = [replace(part.columns[i], _index=n) for n, i in enumerate(shown)]
-    drawn_at, room = width, width - edges
-    if sum(highs[i] for i in shown) > room:
-        shown_lows, shown_highs = [lows[i] for i in shown], [highs[i] for i in shown]
-        if sum(shown_lows) >= room:
-            widths = shown_lows
-        else:
-            widths = _share(shown_lows, shown_highs, room)
-        fitted.columns = [replace(c, width=w) for c, w in zip(fitted.columns, widths, strict=True)]
-        drawn_at = max(width, sum(widths) + edges)
-    elif not hidden:
-        return [(part, width)]
+    fitted.columns = [
+        replace(part.columns[i], _index=n, width=w)
+        for n, (i, w) in enumerate(zip(shown, widths, strict=True))
+    ]
     if not hidden:
         return [(fitted, drawn_at)]
     names = ", ".join(_header(part.columns[i].header) or f"column {i + 1}" for i in hidden)
@@ -295,42 +358,9 @@ def hide_widths(
     return widths
 
 
-# what one console measured, by the object measured (held, so that its id stays its
-# own) and the width: a bundle's text and HTML, and each line under a table, measure once
-_MEASURED: weakref.WeakKeyDictionary[Console, dict[tuple[int, int], tuple[object, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _measured(console: Console, what: object, width: int, measure: Any) -> Any:
-    """``measure()``, or what it gave for ``what`` at ``width`` on this console before."""
-    memo = _MEASURED.setdefault(console, {})
-    key = (id(what), width)
-    held = memo.get(key)
-    if held is None or held[0] is not what:
-        held = memo[key] = (what, measure())
-    return held[1]
-
-
-def drawn_width(console: Console, part: RenderableType, width: int) -> int:
-    """How wide ``part`` is drawn in ``width`` columns, after a table hid or narrowed
-    columns to fit (what a line under it lines up with)."""
-
-    def measure() -> int:
-        fitted, drawn_at = _fitted(console, part, width)[0]
-        options = console.options.update(width=drawn_at)
-        return min(console.measure(fitted, options=options).maximum, drawn_at)
-
-    return _measured(console, part, width, measure)
-
-
 def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
     """Each column's narrowest width that keeps its words whole (its widest cell where
     it does not wrap), and its widest cell: header, cells and footer."""
-    return _measured(console, table, 0, lambda: _sizes(console, table))
-
-
-def _sizes(console: Console, table: Table) -> tuple[list[int], list[int]]:
     unbounded = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
     lows, highs = [], []
     for column in table.columns:
@@ -437,18 +467,18 @@ def _html_line(line: Sequence[Segment], words: bool = False) -> str:
     return "".join(parts)
 
 
-def _html_table(console: Console, table: Table) -> str:
+def _html_table(console: Console, table: Table, sizes: tuple[list[int], list[int]]) -> str:
     """``table`` as an HTML table: its title above it, its header bold over a rule, its
     columns apart by thin rules. Prose (``_prose``) wraps at spaces only (each word kept
     whole); every other column keeps each cell on one line (indents kept), so a row
     wraps only its sentences. In a block of its own that hides columns at a narrow
     output as the text drawing does (``html_narrow``).
     The header of a key column (one no width hides) carries ``data-tm-key``: what
-    ``tools/ui_check.py`` finds inside the visible output."""
+    ``tools/ui_check.py`` finds inside the visible output. ``sizes``: its
+    ``_column_sizes``."""
     columns = table.columns
     last = len(columns) - 1
     hidden = set(table.hide) if isinstance(table, HouseTable) else set()
-    sizes = _column_sizes(console, table)
     highs = sizes[1]
     prose = [_prose(column, high) for column, high in zip(columns, highs, strict=True)]
     heads = [_html_cell(console, c.header, whole=True) for c in columns]
@@ -496,12 +526,16 @@ def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
     """A cell's content drawn unbounded (the browser wraps it), lines apart by <br>;
     ``whole`` False: each word kept on one line, as browsers otherwise also break after
     a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``). A one-line text (most
-    cells) is drawn from its own segments, without a layout pass."""
-    text = console.render_str(cell) if isinstance(cell, str) else cell  # as rich would
+    cells) is drawn from its own segments, without a layout pass; so is one indented by
+    a plain ``Padding`` (the summary's module names), its indent as spaces."""
+    indent, inner = [], cell
+    if isinstance(cell, Padding) and not (cell.top or cell.bottom or console.get_style(cell.style)):
+        indent, inner = [Segment(" " * cell.left)], cell.renderable
+    text = console.render_str(inner) if isinstance(inner, str) else inner  # as rich would
     if isinstance(text, Text) and "\n" not in text.plain:
         base = console.get_style(text.style) if text.style else None  # render() omits it
         drawn = Segment.apply_style(text.render(console, end=""), base)
-        segments = _rstrip(Segment.simplify(drawn))
+        segments = _rstrip(Segment.simplify([*indent, *drawn]))
         return _html_line(segments, words=not whole) if segments else ""
     options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
     lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
@@ -520,11 +554,14 @@ def human(n: float) -> str:
 
 def lr(value: float) -> str:
     """Learning rates as people type them: 0.0001 → '1e-4', 2.45e-06 → '2.45e-6',
-    0.01 → '0.01'."""
-    if value and abs(value) < 1e-3:
-        mantissa, exponent = f"{value:.2e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    return f"{value:.3g}"
+    0.01 → '0.01' (``core.numbers.short``, the one style of every output)."""
+    return short(value)
+
+
+def share(percent: float) -> str:
+    """A share in percent, one decimal: '75.1%'; a share too small for it, but not
+    none, '<0.1%' (a 5.13k head of 11.2M is not 0.0%)."""
+    return "<0.1%" if 0 < percent < 0.05 else f"{percent:.1f}%"
 
 
 def human_bytes(n: float) -> str:
@@ -562,20 +599,20 @@ def html_text(text: Text) -> str:
 
 
 class Facts(OwnHtml):
-    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (with the columns
-    a narrow width hides hidden): a totals line under a table wraps between facts, never
-    inside one; in HTML the browser wraps them so, at the width of the cell."""
+    """Facts joined by `` · `` in lines no wider than ``table`` is drawn (``Drawing``
+    draws it at that width, with the columns a narrow width hides hidden): a totals line
+    under a table wraps between facts, never inside one; in HTML the browser wraps them
+    so, at the width of the cell."""
 
     def __init__(self, facts: Sequence[str], table: Table) -> None:
         self.facts = facts
         self.table = table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = max(drawn_width(console, self.table, options.max_width), 1)
         lines = [""]
         for fact in self.facts:
             joined = f"{lines[-1]} · {fact}" if lines[-1] else fact
-            if len(joined) <= width or not lines[-1]:
+            if len(joined) <= options.max_width or not lines[-1]:
                 lines[-1] = joined
             else:
                 lines.append(fact)

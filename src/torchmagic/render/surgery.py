@@ -13,7 +13,7 @@ from ..core.advice import Command
 from ..core.surgery.history import REBOUND, REPLAYED
 from ..core.surgery.shapes import ModuleOutput
 from . import theme
-from .base import Facts, Rendered, human, human_bytes, lr, table
+from .base import Facts, Rendered, human, human_bytes, lr, share, table
 from .spelling import fix_text
 
 _STATE_STYLE = {
@@ -203,7 +203,7 @@ def change(change: Change, width: int | None = None) -> Rendered:
     before, after = change.before, change.after
     counts = Text(
         f"trainable {human(before.trainable)} → {human(after.trainable)} "
-        f"({after.trainable_pct:.1f}% of {human(after.total)}) · frozen {human(after.frozen)}"
+        f"({share(after.trainable_pct)} of {human(after.total)}) · frozen {human(after.frozen)}"
     )
     parts: list[RenderableType] = [_title(change), counts]
     already = [m for m in effect.modules if m in effect.already]
@@ -307,7 +307,7 @@ def summary(report: SummaryReport, width: int | None = None) -> Rendered:
         )
     facts = [
         f"total {human(c.total)} params ({human_bytes(c.param_bytes)})",
-        f"trainable {human(c.trainable)} ({c.trainable_pct:.1f}%)",
+        f"trainable {human(c.trainable)} ({share(c.trainable_pct)})",
         f"frozen {human(c.frozen)}",
         f"buffers {human_bytes(c.buffer_bytes)}",
         f"depth {report.depth}",

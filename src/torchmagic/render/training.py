@@ -16,7 +16,7 @@ from ..core.training.amp import AmpStatus
 from ..core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import chart, theme
-from .base import Rendered, human, lr, table
+from .base import Rendered, human, lr, share, table
 
 SIGNIFICANT = 4  # digits of a loss; a column's smallest value keeps that many
 MAX_DECIMALS = 6
@@ -57,7 +57,7 @@ def lr_fixed(value: float) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.1f}%"
+    return "" if value is None else share(100 * value)
 
 
 def group_names(snapshot: StepInfo | EpochMetrics) -> tuple[str, ...]:

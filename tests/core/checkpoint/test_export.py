@@ -70,7 +70,7 @@ def test_the_script_rebuilds_the_same_structure(tmp_path):
     assert [spelled(e.command) for e in scope["tm"].history()] == [
         'tm.freeze("stem", "layer1", bn="frozen")',
         'tm.replace_head("fc", 4, dropout=0.1)',
-        'tm.unfreeze("layer1", lr=(0.0003, 0.003))',
+        'tm.unfreeze("layer1", lr=(3e-4, 0.003))',
         "tm.set_base_lrs(lrs={0: 0.02})",
     ]
 

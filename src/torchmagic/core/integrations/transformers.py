@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..modules import unwrap
+from ..numbers import short
 from .classes import named
 
 
@@ -33,7 +34,7 @@ def optimizer_to_come(obj: object, model: nn.Module) -> str | None:
     optim, schedule = (getattr(v, "value", v) for v in (args.optim, args.lr_scheduler_type))
     warmup = getattr(args, "warmup_steps", 0) or getattr(args, "warmup_ratio", 0)
     return (
-        f"has no optimizer yet: its train() builds {optim} (lr {args.learning_rate:g}, "
+        f"has no optimizer yet: its train() builds {optim} (lr {short(args.learning_rate)}, "
         f"weight decay {args.weight_decay:g}, {schedule} schedule"
         f"{f', warmup {warmup:g}' if warmup else ''}) over the parameters that train then, "
         "so the adapters and none of the frozen weights; later train() calls keep it"

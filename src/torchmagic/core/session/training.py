@@ -18,6 +18,7 @@ from torch import nn
 from ..advice import Option
 from ..choices import SCHEDULES
 from ..errors import TorchMagicError
+from ..numbers import short
 from ..surgery import edits, heads, scheduler_sync
 from ..surgery.base_lrs import base_lrs
 from ..surgery.results import Replay
@@ -294,7 +295,7 @@ def lr_find(
         optimizer=optimizer,
         command=(
             *call("lr_find", apply=True),
-            f": base lr {suggestion:.3g} for {'group ' * group.isdigit()}{group}, "
+            f": base lr {short(suggestion)} for {'group ' * group.isdigit()}{group}, "
             "others in proportion",
         ),
     )

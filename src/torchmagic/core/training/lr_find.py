@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..numbers import short
 from ..rng import preserved_rng
 from ..tensors import optimizer_params, unique
 from .batch_loss import train_step
@@ -250,7 +251,7 @@ def find_lr(
                     step += 1
                     batch_index += 1
                     if not math.isfinite(loss):
-                        stopped = f"the loss became {loss} at lr {lr:.3g}"
+                        stopped = f"the loss became {loss} at lr {short(lr)}"
                         break
                     average = SMOOTHING * average + (1 - SMOOTHING) * loss
                     value = average / (1 - SMOOTHING**step)
@@ -259,7 +260,8 @@ def find_lr(
                     smoothed.append(value)
                     if value > DIVERGENCE * min(smoothed) and step < steps:
                         stopped = (
-                            f"the smoothed loss passed {DIVERGENCE:g}× its minimum at lr {lr:.3g}"
+                            f"the smoothed loss passed {DIVERGENCE:g}× its minimum "
+                            f"at lr {short(lr)}"
                         )
                         break
                     if interrupted:
