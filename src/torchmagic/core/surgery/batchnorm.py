@@ -235,7 +235,9 @@ def apply(
         elif policy == "frozen" and type(bn) is nn.BatchNorm2d and bn.track_running_stats:
             bn = _frozen_copy(bn)
             _swap_all(selection.model, names, bn, tx)
-            _swap_in_copies(copies, names, _frozen_copy, tx)
+            _swap_in_copies(
+                copies, names, lambda layer: _frozen_copy(cast(nn.BatchNorm2d, layer)), tx
+            )
         elif isinstance(bn, _BatchNorm):
             _hold(bn, tx)
         modes[mode(bn)] += 1
