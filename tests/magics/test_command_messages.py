@@ -31,7 +31,7 @@ def test_replace_head_without_a_class_count_says_it_is_missing(ip):
     run(ip, SETUP)
     with pytest.raises(UsageError) as refused:
         ip.run_line_magic("replace_head", "fc")
-    assert str(refused.value).startswith("the number of classes is missing after 'fc'")
+    assert str(refused.value).startswith("the class count is missing: give num_classes")
     assert "got 'fc'" not in str(refused.value)
     assert ip.user_ns["model"].fc.out_features == 1000
 

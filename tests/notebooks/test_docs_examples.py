@@ -134,6 +134,25 @@ model = torchvision.models.resnet18(weights=None)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
 """
+# An export for inference needs the model's input: %load_model's weights or a timm model's
+# pretrained_cfg tell it; the random resnet18 here says it as a timm model would.
+KNOWN_INPUT = """
+model.pretrained_cfg = {"input_size": (3, 32, 32)}
+net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4))
+net.pretrained_cfg = {"input_size": (3, 32, 32)}
+%tm use model
+"""
+SETUP['tm.export("model.pt2")'] = KNOWN_INPUT
+# Reading exported files back: the files a notebook wrote, with class names.
+SETUP['torch.export.load("model.pt2"'] = (
+    KNOWN_INPUT
+    + """
+%replace_head fc labels=ant,bee,wasp
+%tm export model.pt2 --force
+%tm export model.safetensors --force
+%tm export model.onnx --force
+"""
+)
 SETUP['torchmagic.resume("run.pt", model, optimizer, schedulers=[scheduler])'] = SAVED
 SETUP["%tm load run.pt"] = SAVED
 
