@@ -66,8 +66,20 @@ def test_refuses_a_trainable_backbone():
 
 
 def test_refuses_batchnorm_in_train_mode():
+    """BatchNorm frozen by hand but left in train mode: its statistics would move."""
+    torch.manual_seed(1)
+    model = torchvision.models.resnet18(weights=None, num_classes=5)
+    opt = torch.optim.AdamW(model.fc.parameters(), lr=1e-2)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("fc."))
+    _refused(model, opt, Session(model, opt), loader(), "would run in train mode")
+
+
+def test_bn_train_keeps_normalization_weights_training_so_caching_is_refused():
+    """``bn="train"`` is fastai's train_bn: the BatchNorm weights still train, so the
+    backbone is not frozen and its features cannot be cached."""
     model, opt, tm = probe_setup(bn="train")
-    _refused(model, opt, tm, loader(), "would run in train mode")
+    _refused(model, opt, tm, loader(), "bn1.weight, bn1.bias")
 
 
 def test_refuses_random_augmentation():
