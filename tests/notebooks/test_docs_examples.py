@@ -142,7 +142,8 @@ net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4))
 net.pretrained_cfg = {"input_size": (3, 32, 32)}
 %tm use model
 """
-SETUP['tm.export("model.pt2")'] = KNOWN_INPUT
+SETUP['tm.export("model.pt2"): the model for inference'] = KNOWN_INPUT
+SETUP['tm.export("model.pt2"): the current model'] = KNOWN_INPUT
 # Reading exported files back: the files a notebook wrote, with class names.
 SETUP['torch.export.load("model.pt2"'] = (
     KNOWN_INPUT
