@@ -37,7 +37,7 @@ from ..training.recipe import (
 )
 from ..training.schedule_steps import SchedStep
 from . import names, shared
-from .surgery import call, checked_bn, options
+from .commands import call, checked_bn, options
 
 if TYPE_CHECKING:
     from ..workspace import Workspace

@@ -29,7 +29,7 @@ from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
 from ..workspace import Workspace
-from . import history, invariants, names, shared
+from . import invariants, names, shared, undo
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -86,7 +86,7 @@ def run(
 
     change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))
     if dropped:
-        told = (*change.effect.notes, history.dropped(session, dropped))
+        told = (*change.effect.notes, undo.dropped(session, dropped))
         change = replace(change, effect=replace(change.effect, notes=told))
     return change
 
