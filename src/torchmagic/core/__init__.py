@@ -4,6 +4,7 @@ from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
 from .export import ExportReport
+from .options import FreezeOptions, LoraOptions, ReplaceHeadOptions, UnfreezeOptions
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
 from .surgery.results import (
@@ -21,8 +22,11 @@ __all__ = [
     "Counts",
     "Effect",
     "ExportReport",
+    "FreezeOptions",
     "GroupInfo",
     "HistoryEntry",
+    "LoraOptions",
+    "ReplaceHeadOptions",
     "ResumeReport",
     "SaveReport",
     "Session",
@@ -31,6 +35,7 @@ __all__ = [
     "SummaryReport",
     "SummaryRow",
     "TorchMagicError",
+    "UnfreezeOptions",
     "resume",
     "rewrap",
 ]

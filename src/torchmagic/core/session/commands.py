@@ -14,6 +14,13 @@ from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
 from ..integrations import discovery
+from ..options import (
+    FreezeOptions,
+    LoraOptions,
+    ReplaceHeadOptions,
+    UnfreezeOptions,
+    given_fields,
+)
 from ..surgery import edits, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import describe_groups, group_keys
@@ -40,8 +47,9 @@ def run(
     action: str,
     command: Command,
     target: edits.BoundModel,
-    dry_run: bool,
     step: Callable[[Transaction], Effect],
+    *,
+    dry_run: bool = False,
     replay: Replay | None = None,
 ) -> Change:
     """Run ``step`` as one atomic command: applied and in the history, or not at all
@@ -148,56 +156,59 @@ def _settle(session: Session, target: edits.BoundModel, tx: Transaction) -> None
 def freeze(
     session: Session,
     targets: Sequence[str],
-    exclude: Sequence[str],
-    bn: str | None,
+    given: FreezeOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    policy = checked_bn(bn or session.config.bn_policy)
-    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
+    policy = checked_bn(given.bn or session.config.bn_policy)
+    options = replace(given, bn=policy)
+    target, selection = names.selection(session.workspace, targets, options.exclude, optimizer)
     return run(
         session,
         "freeze",
-        command or call("freeze", *targets, exclude=tuple(exclude) or None, bn=bn),
+        command or call("freeze", *targets, **dict(given_fields(given))),
         target,
-        dry_run,
         lambda tx: edits.freeze(target, selection, policy, tx),
-        replay_of(session.workspace, "freeze", targets, exclude, bn=policy),
+        dry_run=dry_run,
+        replay=replay_of(session.workspace, "freeze", targets, options),
     )
 
 
 def unfreeze(
     session: Session,
     targets: Sequence[str],
-    lr: LrSpec,
-    wd: float | None,
-    exclude: Sequence[str],
+    given: UnfreezeOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    lr_spec = _checked_lr(lr)
-    weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
-    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
-    lrs = spread_lrs(lr_spec, len(selection.blocks))
-    _refuse_lr_setter(session, target, lr_spec is not None)
+    wd = given.wd
+    options = replace(
+        given,
+        lr=_checked_lr(given.lr),
+        wd=None if wd is None else check_positive(wd, "wd", allow_zero=True),
+    )
+    target, selection = names.selection(session.workspace, targets, options.exclude, optimizer)
+    lrs = spread_lrs(options.lr, len(selection.blocks))
+    _refuse_lr_setter(session, target, options.lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
         + discovery.ways_to_build(session.workspace.items(), target.model)
         if target.optimizer is None
         else []
     )
+    ratio = session.config.unfreeze_lr_ratio
     return run(
         session,
         "unfreeze",
-        command or call("unfreeze", *targets, lr=lr, wd=wd, exclude=tuple(exclude) or None),
+        command or call("unfreeze", *targets, **dict(given_fields(given))),
         target,
-        dry_run,
-        lambda tx: edits.unfreeze(
-            target, selection, lrs, weight_decay, session.config.unfreeze_lr_ratio, tx, later
-        ),
-        replay_of(session.workspace, "unfreeze", targets, exclude, lr=lr_spec, wd=weight_decay),
+        lambda tx: edits.unfreeze(target, selection, lrs, options.wd, ratio, tx, later),
+        dry_run=dry_run,
+        replay=replay_of(session.workspace, "unfreeze", targets, options),
     )
 
 
@@ -216,85 +227,70 @@ def _refuse_lr_setter(session: Session, target: edits.BoundModel, lr_given: bool
 def replace_head(
     session: Session,
     where: str | None,
-    num_classes: int | None,
-    dropout: float | None,
-    labels: Sequence[str] | None,
+    given: ReplaceHeadOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
+    num_classes = given.num_classes
     if num_classes is None:
-        if labels is None:
+        if given.labels is None:
             raise TorchMagicError(
                 "the class count is missing: give num_classes (or labels)",
                 param="num_classes",
             )
-        num_classes = len(labels)
+        num_classes = len(given.labels)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise TorchMagicError(
             f"num_classes must be a positive integer, got {num_classes!r}",
             param="num_classes",
         )
+    options = replace(given, num_classes=num_classes)
     target, root_name, root = names.one_module(
         session.workspace, None if where == "auto" else where, optimizer
     )
     return run(
         session,
         "replace_head",
-        command or call("replace_head", where or "auto", num_classes, dropout=dropout),
+        command or call("replace_head", where or "auto", num_classes, dropout=given.dropout),
         target,
-        dry_run,
-        lambda tx: edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels),
-        Replay(
-            "replace_head",
-            (root_name,),
-            options(
-                num_classes=num_classes,
-                dropout=dropout,
-                labels=None if labels is None else tuple(labels),
-            ),
-        ),
+        lambda tx: edits.replace_head(target, root, root_name, options, tx),
+        dry_run=dry_run,
+        replay=Replay("replace_head", (root_name,), given_fields(options)),
     )
 
 
 def add_lora(
     session: Session,
     targets: Sequence[str | Sequence[str]],
-    given_options: tuple[int, float, float, bool, bool],
-    lr: float | None,
+    given: LoraOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    """``given_options``: r, alpha, dropout, use_dora, use_rslora, as the caller gave them."""
-    options = lora.check_options(*given_options)
+    options = lora.check_options(given)
     if not targets:
         raise TorchMagicError("name the layers to adapt", param="targets")
-    lr = None if lr is None else check_positive(lr, "lr")
+    if options.lr is not None:
+        options = replace(options, lr=check_positive(options.lr, "lr"))
     texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
     target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
-    _refuse_lr_setter(session, target, lr is not None)
+    _refuse_lr_setter(session, target, options.lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
         if target.optimizer is None
         else []
     )
-    given = {
-        "r": options.r,
-        "alpha": options.alpha,
-        "dropout": options.dropout,
-        "use_dora": options.use_dora or None,
-        "use_rslora": options.use_rslora or None,
-        "lr": lr,
-    }
     return run(
         session,
         "lora",
-        command or call("lora", *texts, **given),
+        command or call("lora", *texts, **dict(given_fields(options))),
         target,
-        dry_run,
-        lambda tx: lora.add(target, selection, options, lr, tx, later),
-        replay_of(session.workspace, "lora", texts, (), **given),
+        lambda tx: lora.add(target, selection, options, tx, later),
+        dry_run=dry_run,
+        replay=replay_of(session.workspace, "lora", texts, options),
     )
 
 
@@ -311,9 +307,9 @@ def merge_lora(
         "merge_lora",
         command or call("merge_lora", model=model),
         target,
-        dry_run,
         lambda tx: lora.merge(target, tx),
-        Replay("merge_lora", (), ()),
+        dry_run=dry_run,
+        replay=Replay("merge_lora", (), ()),
     )
 
 
@@ -327,9 +323,8 @@ def switch_lora(session: Session, model: str | None, on: bool, command: Command 
         action,
         command,
         target,
-        False,
         lambda tx: lora.switch(target, on, tx),
-        Replay(action, (), ()),
+        replay=Replay(action, (), ()),
     )
 
 
@@ -353,9 +348,8 @@ def set_base_lrs(
         "set_lr",
         command or call("set_base_lrs", lrs=lrs),
         target,
-        False,
         lambda tx: set_group_base_lrs(target, lrs, tx),
-        Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
+        replay=Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
     )
 
 
@@ -418,16 +412,17 @@ def replay_of(
     workspace: Workspace,
     method: str,
     targets: Sequence[str],
-    exclude: Sequence[str],
-    **given: object,
+    given: FreezeOptions | UnfreezeOptions | LoraOptions,
 ) -> Replay:
-    """``method``'s call with its targets relative to the model they name, so that it
-    replays on the same model under any variable name."""
+    """``method``'s call with its targets (and those it excludes) relative to the model
+    they name, so that it replays on the same model under any variable name."""
     name, _, relative = workspace.split_root(parse_targets(targets))
+    keywords = given_fields(given, leave_out=("exclude",))
+    exclude = getattr(given, "exclude", ())
     excluded = [workspace.relative_to(name, t) for t in parse_targets(exclude)]
     if excluded:
-        given["exclude"] = tuple(_relative_text(t) for t in excluded)
-    return Replay(method, tuple(_relative_text(t) for t in relative), options(**given))
+        keywords = (*keywords, ("exclude", tuple(_relative_text(t) for t in excluded)))
+    return Replay(method, tuple(_relative_text(t) for t in relative), keywords)
 
 
 def _relative_text(target: Target) -> str:

@@ -27,6 +27,13 @@ from ..diagnostics.compiled import CompileWatch
 from ..diagnostics.doctor import DoctorReport, diagnose
 from ..export import ExportReport
 from ..modules import unwrap
+from ..options import (
+    FreezeOptions,
+    LoraOptions,
+    ReplaceHeadOptions,
+    UnfreezeOptions,
+    checked_options,
+)
 from ..sharding import ShardReport
 from ..surgery import edits
 from ..surgery.grammar import LrSpec
@@ -52,6 +59,10 @@ class Session:
     variable name (notebooks). Target strings use the target grammar: ``layer1-3``,
     ``features.0-6``, ``"*.bn*"``, ``model.fc``. Methods that take ``model`` take a
     variable name; without one they use the current model.
+
+    A command's settings come as keywords (scripts), or as one ready options object,
+    ``options=FreezeOptions(...)`` (what the magics pass; see ``core.options``, where
+    every default is written), never both.
     """
 
     def __init__(
@@ -247,23 +258,28 @@ class Session:
     def freeze(
         self,
         *targets: str,
-        exclude: Sequence[str] = (),
-        bn: str | None = None,
+        exclude: Sequence[str] = FreezeOptions.exclude,
+        bn: str | None = FreezeOptions.bn,
+        options: FreezeOptions | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: Command | None = None,
     ) -> Change:
         """Stop training ``targets``: requires_grad off, out of the optimizer (state set
         aside for undo), BatchNorm per policy. No targets means the whole model."""
-        return commands.freeze(self, targets, exclude, bn, optimizer, dry_run, command)
+        given = checked_options(options, FreezeOptions(tuple(exclude), bn))
+        return commands.freeze(
+            self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
+        )
 
     @shared.serialised()
     def unfreeze(
         self,
         *targets: str,
-        lr: LrSpec = None,
-        wd: float | None = None,
-        exclude: Sequence[str] = (),
+        lr: LrSpec = UnfreezeOptions.lr,
+        wd: float | None = UnfreezeOptions.wd,
+        exclude: Sequence[str] = UnfreezeOptions.exclude,
+        options: UnfreezeOptions | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: Command | None = None,
@@ -274,16 +290,20 @@ class Session:
         module order; without it, ``unfreeze_lr_ratio`` × the head group's lr. ``wd``
         overrides weight decay for the new groups.
         """
-        return commands.unfreeze(self, targets, lr, wd, exclude, optimizer, dry_run, command)
+        given = checked_options(options, UnfreezeOptions(lr, wd, tuple(exclude)))
+        return commands.unfreeze(
+            self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
+        )
 
     @shared.serialised()
     def replace_head(
         self,
         where: str | None,
-        num_classes: int | None = None,
+        num_classes: int | None = ReplaceHeadOptions.num_classes,
         *,
-        dropout: float | None = None,
-        labels: Sequence[str] | None = None,
+        dropout: float | None = ReplaceHeadOptions.dropout,
+        labels: Sequence[str] | None = ReplaceHeadOptions.labels,
+        options: ReplaceHeadOptions | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: Command | None = None,
@@ -295,20 +315,23 @@ class Session:
         names the classes in a Hugging Face config; the class count is required unless
         ``labels`` gives it.
         """
+        built = ReplaceHeadOptions(num_classes, dropout, None if labels is None else tuple(labels))
+        given = checked_options(options, built)
         return commands.replace_head(
-            self, where, num_classes, dropout, labels, optimizer, dry_run, command
+            self, where, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
     @shared.serialised()
     def lora(
         self,
         *targets: str | Sequence[str],
-        r: int = 8,
-        alpha: float = 16,
-        dropout: float = 0.0,
-        use_dora: bool = False,
-        use_rslora: bool = False,
-        lr: float | None = None,
+        r: int = LoraOptions.r,
+        alpha: float = LoraOptions.alpha,
+        dropout: float = LoraOptions.dropout,
+        use_dora: bool = LoraOptions.use_dora,
+        use_rslora: bool = LoraOptions.use_rslora,
+        lr: float | None = LoraOptions.lr,
+        options: LoraOptions | None = None,
         optimizer: str | None = None,
         dry_run: bool = False,
         command: Command | None = None,
@@ -320,15 +343,11 @@ class Session:
         ``lora`` group at base lr ``lr`` (default: the head group's base lr). A target is
         the grammar's, or peft's spelling: ``"q_proj,v_proj"`` or a list
         ``["q_proj", "v_proj"]`` names every module whose path ends so, as does a name
-        that is no path from the root (``"c_attn"``). See ``core.commands.lora``."""
+        that is no path from the root (``"c_attn"``). See ``core.surgery.lora``."""
+        built = LoraOptions(r, alpha, dropout, use_dora, use_rslora, lr)
+        given = checked_options(options, built)
         return commands.add_lora(
-            self,
-            targets,
-            (r, alpha, dropout, use_dora, use_rslora),
-            lr,
-            optimizer,
-            dry_run,
-            command,
+            self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
     @shared.serialised()

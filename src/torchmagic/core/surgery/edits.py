@@ -17,6 +17,7 @@ from ..advice import Advice, Call
 from ..errors import TorchMagicError
 from ..integrations import peft
 from ..modules import is_batchnorm, parent_of, unique_parameters
+from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
 from .optimizer_sync import OptimizerEditor, group_index, group_label
@@ -556,14 +557,15 @@ def replace_head(
     target: BoundModel,
     root: nn.Module,
     root_name: str,
-    num_classes: int,
-    dropout: float | None,
+    options: ReplaceHeadOptions,
     tx: Transaction,
-    labels: Sequence[str] | None = None,
 ) -> Effect:
     """Replace the heads found in ``root`` (at ``root_name`` inside the model), and keep
-    the model's class count and label map in step (:mod:`.model_config`)."""
+    the model's class count and label map in step (:mod:`.model_config`);
+    ``options.num_classes`` is resolved (never None)."""
     check_ema_owners(target)
+    num_classes, dropout, labels = options.num_classes, options.dropout, options.labels
+    assert num_classes is not None
     if num_classes < 1:
         raise TorchMagicError(
             f"the number of classes must be at least 1, got {num_classes}", param="num_classes"
