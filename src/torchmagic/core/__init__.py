@@ -4,7 +4,15 @@ from .checkpoint import ResumeReport, SaveReport
 from .distributed import rewrap
 from .errors import TorchMagicError
 from .export import ExportReport
-from .options import FreezeOptions, LoraOptions, ReplaceHeadOptions, UnfreezeOptions
+from .options import (
+    FineTuneOptions,
+    FitOptions,
+    FreezeOptions,
+    LoraOptions,
+    LrFindOptions,
+    ReplaceHeadOptions,
+    UnfreezeOptions,
+)
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
 from .surgery.results import (
@@ -22,10 +30,13 @@ __all__ = [
     "Counts",
     "Effect",
     "ExportReport",
+    "FineTuneOptions",
+    "FitOptions",
     "FreezeOptions",
     "GroupInfo",
     "HistoryEntry",
     "LoraOptions",
+    "LrFindOptions",
     "ReplaceHeadOptions",
     "ResumeReport",
     "SaveReport",

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import TorchMagicError
 from .surgery.grammar import LrSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from .training.progressive import Monitor
+    from .training.schedule_steps import SchedStep
 
 Options = TypeVar("Options")
 
@@ -61,6 +67,69 @@ class LoraOptions:
     @property
     def scale(self) -> float:
         return self.alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """A training run (see ``Session.fit``): its length, loss, scheduler stepping,
+    gradient accumulation and clipping, and progressive unfreezing (``unfreeze`` blocks,
+    paced by ``every`` / ``patience`` on ``monitor``, each at ``lr_ratio`` × the one
+    before)."""
+
+    epochs: int = 1
+    max_steps: int | None = None
+    loss: str | Callable = "cross_entropy"
+    cache_features: bool = False
+    sched_step: SchedStep | None = None
+    unfreeze: Sequence[str] | str = ()
+    every: int | None = None
+    patience: int | None = None
+    lr_ratio: float = 0.3
+    monitor: Monitor = "loss"
+    early_stop: bool = False
+    keep_best: bool = False
+    accumulate: int = 1
+    clip: float | None = None
+
+
+@dataclass(frozen=True)
+class LrFindOptions:
+    """The lr range test (see ``Session.lr_find``): from ``start`` to ``end`` over
+    ``steps`` steps; ``apply`` sets the suggestion as the base lrs."""
+
+    start: float = 1e-7
+    end: float = 10.0
+    steps: int = 100
+    apply: bool = False
+    loss: str | Callable = "cross_entropy"
+
+
+@dataclass(frozen=True)
+class FineTuneOptions:
+    """fastai's recipe (see ``Session.fine_tune``): ``freeze_epochs`` on the head, then
+    ``epochs`` on everything at ``lr`` spread from the body to the head."""
+
+    epochs: int
+    freeze_epochs: int = 1
+    lr: float | None = None
+    loss: str | Callable = "cross_entropy"
+    sched_step: SchedStep | None = None
+    accumulate: int = 1
+    clip: float | None = None
+    schedule: str | None = None
+    bn: str | None = None
+
+
+def changed_fields(
+    options: object, leave_out: tuple[str, ...] = ()
+) -> tuple[tuple[str, object], ...]:
+    """The fields of ``options`` that differ from their defaults, in their order: a
+    run's keywords as its replay record spells them."""
+    return tuple(
+        (f.name, getattr(options, f.name))
+        for f in fields(options)  # type: ignore[arg-type]
+        if f.name not in leave_out and getattr(options, f.name) != f.default
+    )
 
 
 def given_fields(

@@ -1,12 +1,12 @@
 """The Session's mutating commands and how each one runs: validated first, then applied in
-a transaction, recorded in the history (the commit point) and settled, or not at all, also
+a transaction, recorded in the history (the commit point) and finished, or not at all, also
 under Ctrl-C. Each command keeps the call that makes it again on a freshly built model (its
 replay record: what a checkpoint and an exported script hold)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .. import distributed
@@ -26,20 +26,33 @@ from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import describe_groups, group_keys
 from ..surgery.grammar import (
     LrSpec,
-    Target,
     check_positive,
-    parse_targets,
     spread_lrs,
     suffix_list,
 )
 from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
-from ..workspace import Workspace
 from . import invariants, names, shared, undo
 
 if TYPE_CHECKING:
     from .facade import Session
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One surgery command as it runs: its action, how the history spells it, the live
+    objects it acts on, the step that changes them, the call that replays it, and what the
+    namespace said about it before it ran (``found``: the discovery walk; ``notes``)."""
+
+    action: str
+    command: Command
+    target: edits.BoundModel
+    step: Callable[[Transaction], Effect]
+    dry_run: bool
+    replay: Replay | None
+    found: list
+    notes: tuple[str, ...]
 
 
 def run(
@@ -64,84 +77,85 @@ def run(
         if untended is not None:
             raise TorchMagicError(untended, param="optimizer")
         notes = (*notes, *discovery.optimizers_to_come(session.workspace.items(), target.model))
-
-    def apply(tx: Transaction, before: edits.Measured) -> tuple[Change, edits.Measured]:
-        groups_before = group_keys(target.optimizer)
-        effect = step(tx)
-        after = edits.measure(target)
-        opt = target.optimizer
-        if opt is not None and len(opt.param_groups) != len(groups_before):
-            effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(found, opt)))
-        # what may undo or override this change on its own, named when it changed something
-        told = tuple(h.line for h in target.holders) if after.state != before.state else ()
-        return Change(
-            action=action,
-            command=command,
-            model_name=target.model_name,
-            effect=replace(
-                effect,
-                notes=effect.notes + tuple(n for n in (*notes, *told) if n not in effect.notes),
-            ),
-            before=before.counts,
-            after=after.counts,
-            optimizer_name=target.optimizer_name,
-            groups=describe_groups(
-                target.optimizer, groups_before, target.schedulers, target.names
-            ),
-            dry_run=dry_run,
-            unchanged=after.state == before.state,
-        ), after
-
-    change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))
+    edit = Edit(action, command, target, step, dry_run, replay, found, tuple(notes))
+    change, dropped = uninterrupted(lambda: _apply(session, edit))
     if dropped:
-        told = (*change.effect.notes, undo.dropped(session, dropped))
-        change = replace(change, effect=replace(change.effect, notes=told))
+        said = (*change.effect.notes, undo.dropped(session, dropped))
+        change = replace(change, effect=replace(change.effect, notes=said))
     return change
 
 
-def _atomically(
-    session: Session,
-    target: edits.BoundModel,
-    apply: Callable[[Transaction, edits.Measured], tuple[Change, edits.Measured]],
-    dry_run: bool,
-    replay: Replay | None = None,
-) -> tuple[Change, int]:
-    """``apply`` in a transaction, checked (the post-condition), then recorded (the
-    commit point) and settled; or rolled back. ``apply`` gets the model measured before
-    and returns it measured after: one walk each for the counts, the state and the
-    invariants. Returns the change and how many old records the history dropped."""
+def _apply(session: Session, edit: Edit) -> tuple[Change, int]:
+    """The command in one transaction, in this order: the model measured (one walk) and
+    what is already wrong in it observed; the step; the model measured again (one walk)
+    and the change described; then, unless it is a dry run or changed nothing, the
+    invariants checked, the record pushed (the commit point) and the command finished.
+    Anything raised before the commit point rolls it back. Returns the change and how
+    many old records the history dropped."""
+    target = edit.target
     tx = Transaction()
-    measured = edits.measure(target)
-    before = invariants.observe(target, measured.parameters)
+    before = edits.measure(target)
+    observed = invariants.observe(target, before)
+    groups_before = group_keys(target.optimizer)
     try:
-        change, after = apply(tx, measured)
-        if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
+        effect = edit.step(tx)
+        after = edits.measure(target)
+        change = _described(edit, effect, before, after, groups_before)
+        if edit.dry_run or change.unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
             return change, 0
-        invariants.check(target, before, change.command, parameters=after.parameters)
+        invariants.check(target, observed, change.command, measured=after)
         dropped = session._history.push(
             change,
-            target.model,
-            target.optimizer,
             tx,
-            session.config.history_limit,
-            session.history_cap().nbytes,
-            replay,
-            before,
-            session.workspace,
+            model=target.model,
+            optimizer=target.optimizer,
+            max_entries=session.config.history_limit,
+            max_bytes=session.history_cap().nbytes,
+            replay=edit.replay,
+            observed=observed,
+            recorder=session.workspace,
         )
-        _settle(session, target, tx)
+        _finish(session, target, tx)
         return change, dropped
     except BaseException:
         # recorded means applied: finish it; otherwise it never happened
         if session._history.holds(tx):
-            _settle(session, target, tx)
+            _finish(session, target, tx)
         else:
             tx.revert()
         raise
 
 
-def _settle(session: Session, target: edits.BoundModel, tx: Transaction) -> None:
+def _described(
+    edit: Edit,
+    effect: Effect,
+    before: edits.Measured,
+    after: edits.Measured,
+    groups_before: dict,
+) -> Change:
+    """The change ``effect`` made, with the notes of the namespace around it."""
+    target, opt = edit.target, edit.target.optimizer
+    if opt is not None and len(opt.param_groups) != len(groups_before):
+        effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(edit.found, opt)))
+    # what may undo or override this change on its own, named when it changed something
+    holders = tuple(h.line for h in target.holders) if after.state != before.state else ()
+    extra = tuple(n for n in (*edit.notes, *holders) if n not in effect.notes)
+    return Change(
+        action=edit.action,
+        command=edit.command,
+        model_name=target.model_name,
+        effect=replace(effect, notes=effect.notes + extra),
+        before=before.counts,
+        after=after.counts,
+        optimizer_name=target.optimizer_name,
+        groups=describe_groups(opt, groups_before, target.schedulers, target.names),
+        dry_run=edit.dry_run,
+        unchanged=after.state == before.state,
+    )
+
+
+def _finish(session: Session, target: edits.BoundModel, tx: Transaction) -> None:
     """What follows a command's commit point; idempotent, so an interrupted one is
     simply run again."""
     tx.commit()
@@ -164,7 +178,8 @@ def freeze(
 ) -> Change:
     policy = checked_bn(given.bn or session.config.bn_policy)
     options = replace(given, bn=policy)
-    target, selection = names.selection(session.workspace, targets, options.exclude, optimizer)
+    selected = names.selection(session.workspace, targets, options.exclude, optimizer)
+    target, selection = selected.target, selected.selection
     return run(
         session,
         "freeze",
@@ -172,7 +187,7 @@ def freeze(
         target,
         lambda tx: edits.freeze(target, selection, policy, tx),
         dry_run=dry_run,
-        replay=replay_of(session.workspace, "freeze", targets, options),
+        replay=replay_of("freeze", selected, options),
     )
 
 
@@ -191,7 +206,8 @@ def unfreeze(
         lr=_checked_lr(given.lr),
         wd=None if wd is None else check_positive(wd, "wd", allow_zero=True),
     )
-    target, selection = names.selection(session.workspace, targets, options.exclude, optimizer)
+    selected = names.selection(session.workspace, targets, options.exclude, optimizer)
+    target, selection = selected.target, selected.selection
     lrs = spread_lrs(options.lr, len(selection.blocks))
     _refuse_lr_setter(session, target, options.lr is not None)
     later = (
@@ -206,9 +222,11 @@ def unfreeze(
         "unfreeze",
         command or call("unfreeze", *targets, **dict(given_fields(given))),
         target,
-        lambda tx: edits.unfreeze(target, selection, lrs, options.wd, ratio, tx, later),
+        lambda tx: edits.unfreeze(
+            target, selection, lrs, tx, weight_decay=options.wd, lr_ratio=ratio, later=later
+        ),
         dry_run=dry_run,
-        replay=replay_of(session.workspace, "unfreeze", targets, options),
+        replay=replay_of("unfreeze", selected, options),
     )
 
 
@@ -276,7 +294,8 @@ def add_lora(
     if options.lr is not None:
         options = replace(options, lr=check_positive(options.lr, "lr"))
     texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
-    target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    selected = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    target, selection = selected.target, selected.selection
     _refuse_lr_setter(session, target, options.lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
@@ -290,7 +309,7 @@ def add_lora(
         target,
         lambda tx: lora.add(target, selection, options, tx, later),
         dry_run=dry_run,
-        replay=replay_of(session.workspace, "lora", texts, options),
+        replay=replay_of("lora", selected, options),
     )
 
 
@@ -403,32 +422,12 @@ def call(action: str, *args: str | int, **kwargs: object) -> Advice:
     return (Call(action, args, given),)
 
 
-def options(**given: object) -> tuple[tuple[str, object], ...]:
-    """Keyword arguments of a replay, those left at None dropped."""
-    return tuple((k, v) for k, v in given.items() if v is not None)
-
-
 def replay_of(
-    workspace: Workspace,
-    method: str,
-    targets: Sequence[str],
-    given: FreezeOptions | UnfreezeOptions | LoraOptions,
+    method: str, selected: names.Selected, given: FreezeOptions | UnfreezeOptions | LoraOptions
 ) -> Replay:
-    """``method``'s call with its targets (and those it excludes) relative to the model
-    they name, so that it replays on the same model under any variable name."""
-    name, _, relative = workspace.split_root(parse_targets(targets))
+    """``method``'s call on the targets as they were resolved, relative to their model,
+    with the options that say something (an exclusion, relative too, last)."""
     keywords = given_fields(given, leave_out=("exclude",))
-    exclude = getattr(given, "exclude", ())
-    excluded = [workspace.relative_to(name, t) for t in parse_targets(exclude)]
-    if excluded:
-        keywords = (*keywords, ("exclude", tuple(_relative_text(t) for t in excluded)))
-    return Replay(method, tuple(_relative_text(t) for t in relative), keywords)
-
-
-def _relative_text(target: Target) -> str:
-    """A target relative to its model, as text the grammar parses again ("" : the model)."""
-    if target.glob is not None:
-        return target.glob
-    if target.suffixes:
-        return suffix_list(target.suffixes)
-    return ".".join(segment.text for segment in target.segments)
+    if selected.excluded:
+        keywords = (*keywords, ("exclude", selected.excluded))
+    return Replay(method, selected.relative, keywords)

@@ -28,8 +28,11 @@ from ..diagnostics.doctor import DoctorReport, diagnose
 from ..export import ExportReport
 from ..modules import unwrap
 from ..options import (
+    FineTuneOptions,
+    FitOptions,
     FreezeOptions,
     LoraOptions,
+    LrFindOptions,
     ReplaceHeadOptions,
     UnfreezeOptions,
     checked_options,
@@ -394,22 +397,23 @@ class Session:
         *,
         model: str | None = None,
         val: object | None = None,
-        epochs: int = 1,
-        max_steps: int | None = None,
-        loss: str | Callable = "cross_entropy",
-        cache_features: bool = False,
+        epochs: int = FitOptions.epochs,
+        max_steps: int | None = FitOptions.max_steps,
+        loss: str | Callable = FitOptions.loss,
+        cache_features: bool = FitOptions.cache_features,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
-        sched_step: SchedStep | None = None,
-        unfreeze: Sequence[str] | str = (),
-        every: int | None = None,
-        patience: int | None = None,
-        lr_ratio: float = 0.3,
-        monitor: Monitor = "loss",
-        early_stop: bool = False,
-        keep_best: bool = False,
-        accumulate: int = 1,
-        clip: float | None = None,
+        sched_step: SchedStep | None = FitOptions.sched_step,
+        unfreeze: Sequence[str] | str = FitOptions.unfreeze,
+        every: int | None = FitOptions.every,
+        patience: int | None = FitOptions.patience,
+        lr_ratio: float = FitOptions.lr_ratio,
+        monitor: Monitor = FitOptions.monitor,
+        early_stop: bool = FitOptions.early_stop,
+        keep_best: bool = FitOptions.keep_best,
+        accumulate: int = FitOptions.accumulate,
+        clip: float | None = FitOptions.clip,
+        options: FitOptions | None = None,
     ) -> FitHistory:
         """Train the (current) model on ``train`` with its optimizer, its schedulers and
         the AMP policy; returns the history, which the session also keeps in ``fits``.
@@ -432,17 +436,11 @@ class Session:
         epochs; ``keep_best`` loads the best epoch's weights back at the end (one host
         copy of the ``state_dict``).
         """
-        return fit_runs.fit(
-            self,
-            train,
-            model,
-            val,
+        built = FitOptions(
             epochs,
             max_steps,
             loss,
             cache_features,
-            optimizer,
-            observer,
             sched_step,
             unfreeze,
             every,
@@ -454,6 +452,15 @@ class Session:
             accumulate,
             clip,
         )
+        return fit_runs.fit(
+            self,
+            train,
+            checked_options(options, built),
+            model=model,
+            val=val,
+            optimizer=optimizer,
+            observer=observer,
+        )
 
     @shared.serialised("an lr range test")
     def lr_find(
@@ -461,13 +468,14 @@ class Session:
         train: object,
         *,
         model: str | None = None,
-        start: float = 1e-7,
-        end: float = 10.0,
-        steps: int = 100,
-        apply: bool = False,
+        start: float = LrFindOptions.start,
+        end: float = LrFindOptions.end,
+        steps: int = LrFindOptions.steps,
+        apply: bool = LrFindOptions.apply,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
-        loss: str | Callable = "cross_entropy",
+        loss: str | Callable = LrFindOptions.loss,
+        options: LrFindOptions | None = None,
     ) -> LrFindResult:
         """The lr range test on what is trainable now (see ``core.training.lr_find``):
         every group's lr grows together from ``start`` to ``end`` over ``steps`` steps,
@@ -476,8 +484,14 @@ class Session:
         history entry (undoable). Each step is one batch, never accumulated: with
         ``fit(accumulate=N)`` each loss is divided by N, so a step's gradient has the same
         scale and the suggestion carries over."""
+        built = LrFindOptions(start, end, steps, apply, loss)
         return fit_runs.lr_find(
-            self, train, model, start, end, steps, apply, optimizer, observer, loss
+            self,
+            train,
+            checked_options(options, built),
+            model=model,
+            optimizer=optimizer,
+            observer=observer,
         )
 
     @shared.serialised()
@@ -501,17 +515,17 @@ class Session:
         *,
         val: object,
         epochs: int,
-        freeze_epochs: int = 1,
-        lr: float | None = None,
+        freeze_epochs: int = FineTuneOptions.freeze_epochs,
+        lr: float | None = FineTuneOptions.lr,
         model: str | None = None,
-        loss: str | Callable = "cross_entropy",
+        loss: str | Callable = FineTuneOptions.loss,
         optimizer: str | None = None,
         observer: FitObserver | None = None,
-        sched_step: SchedStep | None = None,
-        accumulate: int = 1,
-        clip: float | None = None,
-        schedule: str | None = None,
-        bn: str | None = None,
+        sched_step: SchedStep | None = FineTuneOptions.sched_step,
+        accumulate: int = FineTuneOptions.accumulate,
+        clip: float | None = FineTuneOptions.clip,
+        schedule: str | None = FineTuneOptions.schedule,
+        bn: str | None = FineTuneOptions.bn,
     ) -> FineTuneResult:
         """fastai's ``fine_tune`` as four of the session's own commands, each in the
         history: ``freeze(model, exclude=[head], bn=bn)``, ``fit(epochs=freeze_epochs)``,
@@ -524,22 +538,17 @@ class Session:
         (fastai's conventions: head phase pct_start 0.99 and div 25, unfrozen phase 0.3
         and div 5, each group peaking at its base lr); refused while another scheduler is
         bound to the optimizer. After each run every group's lr is its base lr again."""
+        options = FineTuneOptions(
+            epochs, freeze_epochs, lr, loss, sched_step, accumulate, clip, schedule, bn
+        )
         return fit_runs.fine_tune(
             self,
             train,
-            val,
-            epochs,
-            freeze_epochs,
-            lr,
-            model,
-            loss,
-            optimizer,
-            observer,
-            sched_step,
-            accumulate,
-            clip,
-            schedule,
-            bn,
+            options,
+            val=val,
+            model=model,
+            optimizer=optimizer,
+            observer=observer,
         )
 
     # -- devices and memory ----------------------------------------------------------
@@ -612,7 +621,13 @@ class Session:
         ``effective_batch``: the samples wanted per optimizer step; the report's
         ``accumulation`` says which ``fit(accumulate=…)`` and batch size reach it."""
         return hardware.batch_size(
-            self, input_shape, model, optimizer, budget, max_batch, effective_batch
+            self,
+            input_shape,
+            model=model,
+            optimizer=optimizer,
+            budget=budget,
+            max_batch=max_batch,
+            effective_batch=effective_batch,
         )
 
     def memory(self, model: str | None = None) -> MemoryReport:

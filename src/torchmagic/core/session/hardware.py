@@ -113,6 +113,7 @@ def compare_devices(
 def batch_size(
     session: Session,
     input_shape: Sequence[int],
+    *,
     model: str | None,
     optimizer: str | None,
     budget: int | None,
