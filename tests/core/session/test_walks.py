@@ -13,7 +13,9 @@ from IPython.utils.capture import capture_output
 
 from torchmagic import Session
 
-MAX_MODEL_WALKS = {"unfreeze": 7, "freeze": 6, "replace_head": 6}
+# replace_head: 6, and one more once peft is imported (the head's twin is looked up in
+# peft's LoRA layers)
+MAX_MODEL_WALKS = {"unfreeze": 7, "freeze": 6, "replace_head": 7}
 
 
 class Counting(dict):
