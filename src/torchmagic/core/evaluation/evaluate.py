@@ -200,7 +200,9 @@ def evaluate(plan: EvaluationPlan) -> Evaluation:
         top_accuracy = None if top_k is None else float(top_k.compute())
     preds = torch.cat(predicted).cpu()
     truth = torch.cat(targets_seen).cpu()
-    return _measured(plan, preds, truth, classes, float(total) / seen, heap, top_accuracy)
+    return _measured(
+        plan, preds, truth, classes, loss=float(total) / seen, heap=heap, top_accuracy=top_accuracy
+    )
 
 
 def _measured(
@@ -208,6 +210,7 @@ def _measured(
     preds: torch.Tensor,
     truth: torch.Tensor,
     classes: int,
+    *,
     loss: float,
     heap: WorstHeap | None,
     top_accuracy: float | None,

@@ -148,6 +148,7 @@ def predict(
     sources: Sequence[tuple[str, Any]],
     transform: Callable | None,
     device: torch.device,
+    *,
     amp: AmpController,
     labels: Callable[[int], tuple[str, ...]],
     top: int,

@@ -145,6 +145,13 @@ def predict(
         loaders,
     )
     found = run_prediction(
-        module, name, sources, transform, device, session.amp, names_for(session, real), options.top
+        module,
+        name,
+        sources,
+        transform,
+        device,
+        amp=session.amp,
+        labels=names_for(session, real),
+        top=options.top,
     )
     return found[0] if one else found
