@@ -86,7 +86,7 @@ def test_fit_sched_step_overrides_every_scheduler(ip):
 
 def test_replace_head_takes_labels_or_says_the_count_is_missing(ip):
     ip.run_cell(SETUP).raise_error()
-    with pytest.raises(UsageError, match="number of classes is missing"):
+    with pytest.raises(UsageError, match="the class count is missing"):
         ip.run_line_magic("replace_head", "model.3")
     assert ip.user_ns["model"][3].out_features == 3
     with capture_output():  # a plain Sequential takes names too: the session keeps them

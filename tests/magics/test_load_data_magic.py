@@ -55,7 +55,7 @@ def test_load_data_binds_loaders_with_the_weights_transforms(ip, tmp_path, cache
     ip.run_line_magic("replace_head", "auto")
     model = ip.user_ns["model"]
     assert model.fc.out_features == 3 and model.fc.weight.requires_grad
-    assert torchmagic.notebook_session().class_names["model"] == ("ants", "bees", "wasps")
+    assert torchmagic.notebook_session().labels("model") == ("ants", "bees", "wasps")
 
 
 def test_as_names_the_loaders_and_for_names_the_model(ip, tmp_path):

@@ -20,11 +20,12 @@ def test_the_classes_size_the_head_of_the_model_they_were_loaded_for(tmp_path):
     found = tm.load_data(root, workers=0, batch=5)
     assert namespace["train_loader"] is found.train_loader and found.model == "model"
     assert namespace["val_loader"].batch_size == 5
-    assert tm.class_names == {"model": ("ants", "bees", "wasps")}
+    assert tm.class_names.given(model) == ("ants", "bees", "wasps")
 
     change = tm.replace_head("auto")
     assert model.fc.out_features == 3
     assert any(p is model.fc.weight for g in optimizer.param_groups for p in g["params"])
+    assert tm.labels() == ("ants", "bees", "wasps")  # the new head is named by the folders
     tm.undo()
     assert model.fc.out_features == 7 and change.model_name == "model"
 
@@ -38,7 +39,8 @@ def test_a_refusal_binds_nothing_and_keeps_the_class_names(tmp_path):
     assert info.value.param == "bind"
     with pytest.raises(TorchMagicError, match="between 0 and 1"):
         tm.load_data(root, bind=("tr", "va"), valid=2.0)
-    assert set(namespace) == {"model", "val_loader"} and tm.class_names == {}
+    assert set(namespace) == {"model", "val_loader"}
+    assert tm.class_names.given(namespace["model"]) is None
 
 
 def test_without_a_model_the_loaders_are_still_built(tmp_path):

@@ -131,3 +131,35 @@ def test_frozen_policy_says_which_batchnorm_kinds_it_held_in_eval_instead():
     assert "--bn frozen swaps BatchNorm2d only: 1 BatchNormAct2d held in eval instead" in (
         change.effect.notes
     )
+
+
+def test_bn_frozen_swaps_the_ema_copys_layers_too_and_undo_puts_both_back():
+    """An AveragedModel copy stays shaped like its model: its BatchNorm2d at the same
+    places becomes a FrozenBatchNorm2d holding the copy's own averages (as a user would
+    swap both by hand), unfreeze swaps both back, and undo restores the very modules."""
+    import torchvision
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=4)
+    ema = AveragedModel(model)
+    with torch.no_grad():
+        ema.module.layer1[0].bn1.running_mean.add_(1.0)  # the copy's own statistics
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ns = {"model": model, "opt": opt, "ema": ema}
+    tm = Session(namespace=ns)
+    original_model_bn, original_copy_bn = model.layer1[0].bn1, ema.module.layer1[0].bn1
+    tm.freeze("model.layer1", bn="frozen")
+    swapped = ema.module.layer1[0].bn1
+    assert isinstance(model.layer1[0].bn1, FrozenBatchNorm2d)
+    assert isinstance(swapped, FrozenBatchNorm2d)
+    assert torch.equal(swapped.running_mean, original_copy_bn.running_mean)
+    assert ema.module.state_dict().keys() == model.state_dict().keys()
+    tm.undo()
+    assert model.layer1[0].bn1 is original_model_bn and ema.module.layer1[0].bn1 is original_copy_bn
+    tm.freeze("model.layer1", bn="frozen")
+    tm.unfreeze("model.layer1")
+    assert type(model.layer1[0].bn1) is torch.nn.BatchNorm2d
+    assert type(ema.module.layer1[0].bn1) is torch.nn.BatchNorm2d
+    assert torch.equal(ema.module.layer1[0].bn1.running_mean, original_copy_bn.running_mean)
+    assert ema.module.state_dict().keys() == model.state_dict().keys()

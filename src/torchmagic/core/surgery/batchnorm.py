@@ -12,6 +12,7 @@ running statistics, fall back to ``eval``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -233,8 +234,24 @@ def held_instead(selection: Selection) -> Counter:
     )
 
 
-def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
-    """Apply ``policy`` to every BatchNorm inside a block being frozen; count the modes."""
+def _swap_in_copies(
+    copies: Sequence[nn.Module],
+    names: list[str],
+    make: Callable[[nn.Module], nn.Module],
+    tx: Transaction,
+) -> None:
+    """The same swap in each EMA copy, on the copy's own layer at the same place, so the
+    copy stays shaped like its model (its values stay its own)."""
+    for copy in copies:
+        new = make(copy.get_submodule(names[0]))
+        _swap_all(copy, names, new, tx)
+
+
+def apply(
+    selection: Selection, policy: str, tx: Transaction, *, copies: Sequence[nn.Module] = ()
+) -> Counter:
+    """Apply ``policy`` to every BatchNorm inside a block being frozen; count the modes.
+    ``copies``: the model's EMA copies, whose layers are swapped alike."""
     modes: Counter = Counter()
     for names, bn in _named_batchnorms(selection):
         if policy == "train":
@@ -243,19 +260,24 @@ def apply(selection: Selection, policy: str, tx: Transaction) -> Counter:
         elif policy == "frozen" and type(bn) is nn.BatchNorm2d and bn.track_running_stats:
             bn = _frozen_copy(bn)
             _swap_all(selection.model, names, bn, tx)
+            _swap_in_copies(
+                copies, names, lambda layer: _frozen_copy(cast(nn.BatchNorm2d, layer)), tx
+            )
         elif isinstance(bn, _BatchNorm):
             _hold(bn, tx)
         modes[mode(bn)] += 1
     return modes
 
 
-def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module], Counter]:
+def release(
+    selection: Selection, tx: Transaction, *, copies: Sequence[nn.Module] = ()
+) -> tuple[dict[int, nn.Module], Counter]:
     """Undo any policy on the BatchNorm layers of blocks being unfrozen.
 
     Held layers follow the model's train/eval mode again; FrozenBatchNorm2d layers become
     the BatchNorm2d they replaced (same momentum, eps, affine), with their statistics, at
     every position they hold. Returns the swapped modules by old ``id`` and the modes
-    the layers are in afterwards.
+    the layers are in afterwards. ``copies``: the model's EMA copies, swapped back alike.
     """
     training = selection.model.training
     swapped: dict[int, nn.Module] = {}
@@ -265,6 +287,7 @@ def release(selection: Selection, tx: Transaction) -> tuple[dict[int, nn.Module]
             new = _restored(bn, training, tx)
             _swap_all(selection.model, names, new, tx)
             swapped[id(bn)] = bn = new
+            _swap_in_copies(copies, names, lambda old: _restored(old, training, tx), tx)
         elif is_held(bn):
             _release(bn, training, tx)
         modes[mode(bn)] += 1

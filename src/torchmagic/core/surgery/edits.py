@@ -217,7 +217,8 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
     _set_requires_grad(params, False, tx)
     _drop_grads(params, tx)
-    modes = batchnorm.apply(selection, bn_policy, tx)
+    copies = [copy for _, copy in target.ema_copies]
+    modes = batchnorm.apply(selection, bn_policy, tx, copies=copies)
     return _effect(
         target,
         selection,
@@ -397,7 +398,9 @@ def unfreeze(
         raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     acted_on = _acted_on(selection)
     before = _states(selection.model, acted_on, opt)
-    swapped, modes = batchnorm.release(selection, tx)
+    swapped, modes = batchnorm.release(
+        selection, tx, copies=[copy for _, copy in target.ema_copies]
+    )
     blocks = [
         Block(b.name, swapped.get(id(b.module), b.module), b.recurse) for b in selection.blocks
     ]

@@ -9,9 +9,14 @@ with one line that names the fix.
   group whose list it keeps as ``_params``, sizes in ``_numel_cache``) and
   ``ZeroRedundancyOptimizer`` (per-rank partitions of the groups) would go on stepping
   the parameters they held when built.
+- Optimizers that take some parameters only: ``torch.optim.Muon`` (2-D matrices) and
+  ``SparseAdam`` (sparse gradients: embeddings built with ``sparse=True``). A parameter
+  outside the rule would make the next step raise, so it never enters them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -59,6 +64,40 @@ def check_editable(model: nn.Module, model_name: str) -> None:
             "model, then script it again"
         )
     check_readable(model, model_name)
+
+
+def _sparse_embedding_parameters(model: nn.Module) -> set[int]:
+    return {
+        id(p)
+        for m in walk(model)
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+        for p in m.parameters(recurse=False)
+    }
+
+
+def check_takes(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[nn.Parameter],
+    model: nn.Module,
+    names: Callable[[Sequence[nn.Parameter]], list[str]],
+) -> None:
+    """Refuse ``params`` that ``optimizer``'s own rule does not take (Muon: 2-D only;
+    SparseAdam: sparse gradients only), naming them and the way on."""
+    kinds = {cls.__name__ for cls in type(optimizer).__mro__}
+    if "Muon" in kinds:
+        odd, rule = [p for p in params if p.dim() != 2], "takes 2-D parameters only"
+    elif "SparseAdam" in kinds:
+        sparse = _sparse_embedding_parameters(model)
+        odd, rule = [p for p in params if id(p) not in sparse], "takes sparse gradients only"
+    else:
+        return
+    if odd:
+        shown = ", ".join(names(odd[:3])) + (", …" if len(odd) > 3 else "")
+        raise TorchMagicError(
+            f"{type(optimizer).__name__} {rule}, and {len(odd)} of these parameters would "
+            f"enter it ({shown}): give them to another optimizer with optimizer=NAME, or "
+            "select only what it takes"
+        )
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:

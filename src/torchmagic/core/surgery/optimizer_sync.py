@@ -21,7 +21,7 @@ from ..dtensors import HostShard, from_host, held, local_nbytes, to_host
 from ..modules import parameter_names
 from ..registry import REGISTRY
 from ..tensors import step_stays_on_host
-from .model_checks import check_optimizer
+from .model_checks import check_optimizer, check_takes
 from .transaction import Transaction
 
 # Group keys owned by LR schedulers: set by scheduler_sync for new groups, never copied.
@@ -356,6 +356,12 @@ class OptimizerEditor:
             self._names = parameter_names(self._model)
         return [self._names[id(p)] for p in params]
 
+    def _shown_names(self, params: Sequence[nn.Parameter]) -> list[str]:
+        """Names for a refusal: a parameter not in the model yet (a new head) by shape."""
+        if self._names is None:
+            self._names = parameter_names(self._model)
+        return [self._names.get(id(p), f"a {list(p.shape)} tensor") for p in params]
+
     def detach(self, params: Sequence[nn.Parameter]) -> None:
         """Take ``params`` out of whatever groups hold them, keeping their state."""
         holding = self._holding()
@@ -384,6 +390,7 @@ class OptimizerEditor:
         self.detach(params)
 
     def _placed(self, params: Sequence[nn.Parameter]) -> None:
+        check_takes(self.optimizer, params, self._model, self._shown_names)
         for p in params:
             for key in self._away.pop(id(p), ()):
                 self._pending[key] -= 1

@@ -326,6 +326,14 @@ def refresh_last_lrs(schedulers: Iterable[object], optimizer: torch.optim.Optimi
             setattr(s, _LAST_LR, list(lrs))
 
 
+def _like(reference: object, lr: float) -> object:
+    """``lr`` as the reference group keeps its lr: a tensor where the optimizer was given
+    a tensor lr (``Adam(lr=torch.tensor(1e-3))``), with its dtype and device."""
+    if isinstance(reference, torch.Tensor):
+        return torch.tensor(lr, dtype=reference.dtype, device=reference.device)
+    return lr
+
+
 def present_factor(
     optimizer: torch.optim.Optimizer, schedulers: Iterable[object], index: int
 ) -> float:
@@ -360,7 +368,7 @@ def follow(
     ref_base = base_lr(optimizer, schedulers, ref)
     if factor is None:
         factor = present_factor(optimizer, schedulers, ref)
-    group["lr"] = base * factor
+    group["lr"] = _like(ref_group["lr"], base * factor)
 
     def scaled(value: object) -> object:
         return value / ref_base * base if ref_base else value  # type: ignore[operator]
