@@ -32,10 +32,11 @@ $(VENV_STAMP): pyproject.toml | $(PYTHON)
 	.venv/bin/pip install -q -e '.[test,demo]'
 	touch $@
 
-# The quickstart in a real kernel, echoed cell by cell (a couple of minutes on two cores;
-# the first run adds about half a minute of pretraining, cached in build/weights).
+# The README's first session on a generated folder of images (examples/own_data.ipynb) in a
+# real kernel, echoed cell by cell, offline (a couple of minutes on two cores; the first run
+# adds a few minutes of pretraining for the resnet18 stand-in, cached in build/weights).
 demo: $(VENV_STAMP)
-	$(PYTHON) tools/run_notebook.py examples/quickstart.ipynb --out build/quickstart.ipynb
+	$(PYTHON) tools/run_notebook.py examples/own_data.ipynb --out build/own_data.ipynb
 
 # The fast tests: under five minutes on two cores. `make test-all` adds the slow ones
 # (the quickstart in a kernel, whole-model sweeps, the undo property test at full size).

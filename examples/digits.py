@@ -15,9 +15,10 @@ import os
 import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -187,24 +188,37 @@ def pretrained_small_resnet(
     Training takes about half a minute of CPU time; the state_dict is cached under
     ``cache`` (the file name encodes the settings) and reused on later runs.
     """
-    cache = Path(cache)
-    path = cache / f"smallresnet_upright_digits_affine_steps{steps}_s{seed}.pt"
+    path = Path(cache) / f"smallresnet_upright_digits_affine_steps{steps}_s{seed}.pt"
     # A private RNG stream: the caller's random state (and so, e.g., the init of a new
     # head) must not depend on whether the weights came from the cache.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = SmallResNet(num_classes=NUM_CLASSES)
-        if path.exists():
-            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-            if verbose:
-                print(f"loaded pretrained weights from {path}")
-        else:
-            _pretrain(model, steps, seed, verbose)
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            torch.save(model.state_dict(), tmp)
-            os.replace(tmp, path)  # atomic: concurrent runs never read a half-written file
+        images, labels = load_digits_splits(seed=seed).pretrain.tensors
+        _load_or_pretrain(model, path, images, labels, steps, verbose)
     return model.eval()
+
+
+def _load_or_pretrain(
+    model: nn.Module,
+    path: Path,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    verbose: bool,
+    **train: Any,
+) -> None:
+    """The state_dict cached at ``path``, or pretraining (see ``_pretrain``) saved there."""
+    if path.exists():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        if verbose:
+            print(f"loaded pretrained weights from {path}")
+        return
+    _pretrain(model, images, labels, steps, verbose, **train)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)  # atomic: concurrent runs never read a half-written file
 
 
 def random_affine(images: torch.Tensor) -> torch.Tensor:
@@ -224,20 +238,28 @@ def random_affine(images: torch.Tensor) -> torch.Tensor:
     return moved + background
 
 
-def _pretrain(model: nn.Module, steps: int, seed: int, verbose: bool) -> None:
-    """Train on the upright digits under random affine distortions (batches of 64 drawn
-    at random, AdamW with a cosine schedule), so that the features cover more of the
-    variation in handwriting than the 899 images show."""
-    data = load_digits_splits(seed=seed).pretrain
-    images, labels = data.tensors
+def _pretrain(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    verbose: bool,
+    batch_size: int = 64,
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
+    """Train on digit images under random affine distortions (batches drawn at random,
+    AdamW with a cosine schedule), so that the features cover more of the variation in
+    handwriting than the few hundred images show. ``prepare`` turns a distorted batch
+    into the model's input (default: as it is)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     start = time.perf_counter()
     correct = seen = 0  # over the last tenth of the steps, as it trains
     model.train()
     for step in range(1, steps + 1):
-        batch = torch.randint(0, len(images), (64,))
-        out = model(random_affine(images[batch]))
+        batch = torch.randint(0, len(images), (batch_size,))
+        distorted = random_affine(images[batch])
+        out = model(distorted if prepare is None else prepare(distorted))
         loss = F.cross_entropy(out, labels[batch])
         optimizer.zero_grad()
         loss.backward()
@@ -254,7 +276,7 @@ def _pretrain(model: nn.Module, steps: int, seed: int, verbose: bool) -> None:
             )
     if verbose:
         print(
-            f"pretrained on {len(images)} upright digits in "
+            f"pretrained on {len(images)} digits in "
             f"{time.perf_counter() - start:.0f}s (accuracy on the distorted training "
             f"batches of the last {steps // 10} steps: {correct / seen:.3f})"
         )
@@ -370,3 +392,64 @@ def save_digit_folders(root: str | os.PathLike, per_class: int = 8, digits: int 
             grey = (flat.reshape(8, 8) * (255 / 16)).astype("uint8")
             Image.fromarray(grey).resize((32, 32), Image.BILINEAR).save(folder / f"{i}.png")
     return root
+
+
+RESNET18_STEPS = 150
+
+
+def install_resnet18_stand_in(
+    torch_home: str | os.PathLike,
+    cache: str | os.PathLike,
+    held_out: int,
+    size: int = 32,
+    steps: int = RESNET18_STEPS,
+    seed: int = 0,
+    verbose: bool = True,
+) -> Path:
+    """Stand-in for ``ResNet18_Weights.DEFAULT``, put where torchvision keeps the download
+    (``torch_home/hub/checkpoints/``, under its file name), so ``%load_model resnet18
+    --weights DEFAULT`` finds it offline.
+
+    It is torchvision's resnet18 trained on scikit-learn's digits as RGB images of ``size``
+    pixels, normalised as the ImageNet weights expect and flipped at random (as
+    ``%load_data``'s training transforms do), leaving out each digit's first ``held_out``
+    images: the ones ``save_digit_folders`` writes. A few minutes of CPU time once; the
+    state_dict is cached under ``cache`` (the file name encodes the settings).
+    """
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    weights = ResNet18_Weights.DEFAULT
+    target = Path(torch_home) / "hub" / "checkpoints" / weights.url.rpartition("/")[2]
+    path = Path(cache) / f"resnet18_rgb_digits_{size}px_heldout{held_out}_steps{steps}_s{seed}.pt"
+    preset = weights.transforms()
+    mean = torch.tensor(preset.mean).view(1, 3, 1, 1)
+    std = torch.tensor(preset.std).view(1, 3, 1, 1)
+
+    def prepare(grey: torch.Tensor) -> torch.Tensor:
+        flip = torch.rand(len(grey)) < 0.5
+        grey = torch.where(flip.view(-1, 1, 1, 1), grey.flip(3), grey)
+        return (grey.expand(-1, 3, -1, -1) - mean) / std
+
+    bunch = load_digits()
+    keep = [i for d in range(NUM_CLASSES) for i in (bunch.target == d).nonzero()[0][held_out:]]
+    flat = torch.as_tensor(bunch.data[keep], dtype=torch.float32)
+    images = F.interpolate((flat / 16.0).reshape(-1, 1, 8, 8), size=(size, size), mode="bilinear")
+    labels = torch.as_tensor(bunch.target[keep], dtype=torch.long)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = resnet18()  # ImageNet's 1000 outputs, as the real file has; digits use 0-9
+        _load_or_pretrain(
+            model,
+            path,
+            images.clamp(0.0, 1.0),
+            labels,
+            steps,
+            verbose,
+            batch_size=32,
+            prepare=prepare,
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, target)
+    return target

@@ -39,6 +39,8 @@ def group_label(group: GroupInfo) -> str:
 
 def _group_lr(group: GroupInfo) -> str:
     """The lr now, with the base lr the schedule scales when it differs."""
+    if group.lr is None:
+        return "relative step"
     if group.base_lr is None or group.base_lr == group.lr:
         return lr(group.lr)
     return f"base {lr(group.base_lr)} · now {lr(group.lr)}"
@@ -106,9 +108,10 @@ def _groups(groups: Sequence[GroupInfo], optimizer_name: str | None) -> list[Ren
     return parts
 
 
-def _lr_range(lrs: Sequence[float]) -> str:
+def _lr_range(given: Sequence[float | None]) -> str:
+    lrs = [value for value in given if value is not None]
     if not lrs:
-        return ""
+        return "relative step" if given else ""
     low, high = min(lrs), max(lrs)
     return lr(low) if low == high else f"{lr(low)}…{lr(high)}"
 

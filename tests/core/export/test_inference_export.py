@@ -362,6 +362,20 @@ def test_the_model_option_picks_another_model(tmp_path):
     assert report.model_name == "b" and report.probe_shape == (3, 4)
 
 
+def test_the_class_names_the_session_keeps_are_stored(tmp_path):
+    """A head replaced with labels= on a plain model: its names go into the file."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    tm = torchmagic.Session(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    tm.replace_head("2", labels=["ant", "bee", "wasp"])
+    report = tm.export(tmp_path / "m.safetensors", input_shape=(1, 4))
+    assert report.labels == ("ant", "bee", "wasp")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as stored:
+        assert json.loads(stored.metadata()["labels"]) == ["ant", "bee", "wasp"]
+
+
 # -- the magic -----------------------------------------------------------------------------
 
 

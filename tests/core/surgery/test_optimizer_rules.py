@@ -99,3 +99,40 @@ def test_a_tensor_lr_stays_a_tensor_in_new_groups_as_by_hand():
     _steps(hand, hand_opt)
     for (name, a), b in zip(model.named_parameters(), hand.parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_relative_step_adafactor_is_edited_without_lrs_and_lr_is_one_line():
+    """transformers' Adafactor as its docs build it (lr=None, relative_step=True): a freeze
+    and an unfreeze back home work exactly as by hand; lr= is refused in one line."""
+    optimization = pytest.importorskip("transformers.optimization")
+
+    def build():
+        model = _mlp()
+        opt = optimization.Adafactor(
+            model.parameters(), lr=None, relative_step=True, warmup_init=True
+        )
+        _steps(model, opt)
+        return model, opt
+
+    model, opt = build()
+    tm = Session(model, opt)
+    tm.freeze("0")
+    tm.unfreeze("0")
+    assert tm.summary().groups[0].lr is None
+    before = snapshot(model, opt)
+    with pytest.raises(TorchMagicError) as refused:
+        tm.unfreeze("0", lr=1e-3)
+    assert "computes its own lr" in str(refused.value) and "\n" not in str(refused.value)
+    assert_same(before, snapshot(model, opt))
+    assert len(tm.history()) == 2
+
+    hand, hand_opt = build()  # by hand: layer 0 out and back in its group, state dropped
+    group = hand_opt.param_groups[0]
+    first = list(hand[0].parameters())
+    group["params"] = [p for p in group["params"] if all(p is not q for q in first)] + first
+    for p in first:
+        hand_opt.state.pop(p, None)
+    _steps(model, opt)
+    _steps(hand, hand_opt)
+    for (name, a), b in zip(model.named_parameters(), hand.parameters(), strict=True):
+        assert torch.equal(a, b), name

@@ -161,9 +161,12 @@ def export(
     path: str,
     suffix: str,
     options: ExportOptions,
+    *,
+    labels: tuple[str, ...] | None = None,
 ) -> InferenceReport:
     """Write ``model`` for inference to ``path`` in the format of ``suffix`` (checked by
-    ``files.destination``), verified against the live model (see the module's docstring)."""
+    ``files.destination``), verified against the live model (see the module's docstring).
+    ``labels``: the class names the session keeps for it."""
     if not options.tolerance >= 0:
         raise TorchMagicError(
             f"tolerance={options.tolerance:g}: the largest difference allowed, 0 or more",
@@ -178,7 +181,7 @@ def export(
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
     checked = probe.batch(PROBE_BATCH, dtype)
     reference = _live_outputs(model, checked)
-    labels = metadata.labels_of(twin, loaded, reference.shape[-1])
+    labels = metadata.labels_of(twin, loaded, reference.shape[-1], labels)
     preprocessing = metadata.preprocessing_of(loaded)
     stored = metadata.fields(labels, preprocessing, probe.shape, probe.dtype_name(dtype))
     adapters = len(peft.lora_layers(unwrap(model)))

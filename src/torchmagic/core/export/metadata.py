@@ -47,10 +47,18 @@ def preprocessing_of(loaded: LoadedModel | None) -> Preprocessing | None:
     return Preprocessing(info.resize_size, info.crop_size, info.mean, info.std)
 
 
-def labels_of(model: nn.Module, loaded: LoadedModel | None, width: int) -> tuple[str, ...] | None:
-    """The class names of the model's ``width`` outputs: a Hugging Face config's
-    ``id2label``, else the categories of the weights it was loaded with; None when
-    neither names as many classes as the model has outputs (a replaced head)."""
+def labels_of(
+    model: nn.Module,
+    loaded: LoadedModel | None,
+    width: int,
+    given: tuple[str, ...] | None = None,
+) -> tuple[str, ...] | None:
+    """The class names of the model's ``width`` outputs: those the session was given
+    (``labels=``, ``load_data``'s class folders), a Hugging Face config's ``id2label``,
+    else the categories of the weights it was loaded with; None when none names as many
+    classes as the model has outputs (a replaced head without names)."""
+    if given is not None and len(given) == width:
+        return given
     id2label = getattr(getattr(model, "config", None), "id2label", None)
     if isinstance(id2label, Mapping) and len(id2label) == width:
         return tuple(str(id2label[i]) for i in range(width))

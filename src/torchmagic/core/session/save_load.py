@@ -24,6 +24,7 @@ from ..export import ExportOptions, ExportReport, InferenceReport, files, infere
 from ..export.script import python_call
 from ..export.script import script as write_script
 from ..export.script import write as write_text
+from ..modules import unwrap
 from ..rng import capture_rng, restore_rng
 from ..surgery import edits, scheduler_sync
 from ..surgery.grammar import parse_target
@@ -155,7 +156,10 @@ def export(
     target = session.bound(model, reading=True)
     if suffix != ".py":
         loaded = session.loaded.get(target.model_name)
-        return inference.export(target.model, target.model_name, loaded, where, suffix, options)
+        given = session.class_names.given(unwrap(target.model))
+        return inference.export(
+            target.model, target.model_name, loaded, where, suffix, options, labels=given
+        )
     applied = session._history.applied(target.model)
     fits = [f for f in session._fit_calls if f[0] is None or f[0]() is target.model]
     made_by_fits = {

@@ -117,12 +117,16 @@ def describe_groups(
             GroupInfo(
                 index=i,
                 name=group_label(g, i),
-                lr=float(g["lr"]),
+                lr=None if g["lr"] is None else float(g["lr"]),
                 weight_decay=g.get("weight_decay"),
                 tensors=len(g["params"]),
                 numel=sum(p.numel() for p in g["params"]),
                 status=status,
-                base_lr=scheduler_sync.base_lr(optimizer, schedulers, i) if scheduled else None,
+                base_lr=(
+                    scheduler_sync.base_lr(optimizer, schedulers, i)
+                    if scheduled and g["lr"] is not None
+                    else None
+                ),
                 schedulers=stepped_by,
             )
         )

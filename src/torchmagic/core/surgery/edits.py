@@ -20,6 +20,7 @@ from ..modules import is_batchnorm, named_walk, parent_of, unique_parameters
 from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
+from .model_checks import check_lr
 from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Counts, Effect
 from .selection import Block, Selection
@@ -394,6 +395,9 @@ def unfreeze(
             ),
             param="lr" if any(lr is not None for lr in lrs) else "wd",
         )
+    if opt is not None and explicit:
+        for group in opt.param_groups:
+            check_lr(opt, group["lr"])
     if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
         raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     acted_on = _acted_on(selection)
@@ -640,6 +644,7 @@ def replace_head(
         for index, params in joining.items():
             editor.join(index, params)
         if groupless:
+            check_lr(opt, opt.defaults["lr"])
             base = float(opt.defaults["lr"])
             index = editor.add_group(groupless, name=located[0][0], lr=base, template=opt.defaults)
             scheduler_sync.follow(target.schedulers, opt, index, head, base)

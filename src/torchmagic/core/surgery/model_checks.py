@@ -100,6 +100,17 @@ def check_takes(
         )
 
 
+def check_lr(optimizer: torch.optim.Optimizer, lr: object) -> None:
+    """Refuse what needs a group's lr when the optimizer sets its own (transformers'
+    ``Adafactor(lr=None, relative_step=True)``: each lr comes from the step count)."""
+    if lr is None:
+        raise TorchMagicError(
+            f"{type(optimizer).__name__} computes its own lr (relative_step=True, lr=None), "
+            "so there is no lr to set or follow: drop lr=, or build it with an lr "
+            "(lr=1e-3, relative_step=False) to set lrs per group"
+        )
+
+
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """Refuse to change the param groups of an optimizer that caches a view of them."""
     for cls in type(optimizer).__mro__:

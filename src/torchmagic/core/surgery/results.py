@@ -38,7 +38,7 @@ class GroupInfo:
 
     index: int
     name: str
-    lr: float  # the lr right now, as the next optimizer step will use it
+    lr: float | None  # the lr the next step uses; None: the optimizer computes its own
     weight_decay: float | None
     tensors: int
     numel: int
@@ -111,8 +111,9 @@ class SummaryReport:
     adapter_params: int = 0  # parameters of LoRA adapters (in ``counts`` too)
     shapes: Shapes | None = None  # with an input shape: the meta forward's outputs
 
-    def lrs(self, row: SummaryRow) -> tuple[float, ...]:
-        """The lrs (now) of the groups holding ``row``'s parameters."""
+    def lrs(self, row: SummaryRow) -> tuple[float | None, ...]:
+        """The lrs (now) of the groups holding ``row``'s parameters (None: the optimizer
+        computes its own)."""
         return tuple(self.groups[i].lr for i in row.groups)
 
 

@@ -26,6 +26,7 @@ from torch.optim import lr_scheduler as torch_schedulers
 
 from ..errors import TorchMagicError
 from ..integrations.lookup import same
+from .model_checks import check_lr
 from .optimizer_sync import group_label
 from .transaction import Transaction
 
@@ -188,6 +189,7 @@ def base_lr(optimizer: torch.optim.Optimizer, schedulers: Iterable[object], inde
             and index < len(bases)
         ):
             return float(bases[index])
+    check_lr(optimizer, group["lr"])
     return float(group["lr"])
 
 
@@ -339,7 +341,9 @@ def present_factor(
 ) -> float:
     """Where group ``index``'s schedule stands: its lr now over its base lr."""
     ref_base = base_lr(optimizer, list(schedulers), index)
-    return float(optimizer.param_groups[index]["lr"]) / ref_base if ref_base else 1.0
+    lr = optimizer.param_groups[index]["lr"]
+    check_lr(optimizer, lr)
+    return float(lr) / ref_base if ref_base else 1.0
 
 
 def follow(
