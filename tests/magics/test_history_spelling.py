@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchmagic import Session
 from torchmagic.core.advice import Call, spelled
-from torchmagic.core.session import training as session_module
+from torchmagic.core.session import fit_runs as session_module
 from torchmagic.magics.extension import loaded
 from torchmagic.magics.spelling import magic_line
 

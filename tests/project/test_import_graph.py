@@ -133,7 +133,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert ("torchmagic.render.spelling", False) in base  # imported inside a method
     assert ("torchmagic.render", True) in base  # under TYPE_CHECKING
     facade = {i.target for i in graph["torchmagic.core.session.facade"]}
-    assert {"torchmagic.core.session.history", "torchmagic.core.advice"} <= facade
+    assert {"torchmagic.core.session.undo", "torchmagic.core.advice"} <= facade
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 

@@ -11,6 +11,15 @@ from .evaluation import (
     PredictOptions,
 )
 from .export import ExportOptions, ExportReport, InferenceReport
+from .options import (
+    FineTuneOptions,
+    FitOptions,
+    FreezeOptions,
+    LoraOptions,
+    LrFindOptions,
+    ReplaceHeadOptions,
+    UnfreezeOptions,
+)
 from .session import Session, SessionConfig, resume
 from .sharding import ShardReport
 from .surgery.results import (
@@ -27,16 +36,22 @@ __all__ = [
     "Change",
     "Counts",
     "Effect",
+    "EvaluateOptions",
+    "Evaluation",
     "ExportOptions",
     "ExportReport",
+    "FineTuneOptions",
+    "FitOptions",
+    "FreezeOptions",
     "GroupInfo",
     "HistoryEntry",
     "InferenceReport",
-    "EvaluateOptions",
-    "Evaluation",
+    "LoraOptions",
+    "LrFindOptions",
     "PredictOptions",
     "Prediction",
     "Predictions",
+    "ReplaceHeadOptions",
     "ResumeReport",
     "SaveReport",
     "Session",
@@ -45,6 +60,7 @@ __all__ = [
     "SummaryReport",
     "SummaryRow",
     "TorchMagicError",
+    "UnfreezeOptions",
     "resume",
     "rewrap",
 ]

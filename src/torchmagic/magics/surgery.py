@@ -11,7 +11,13 @@ from functools import partial
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument
 
-from ..core import TorchMagicError
+from ..core import (
+    FreezeOptions,
+    LoraOptions,
+    ReplaceHeadOptions,
+    TorchMagicError,
+    UnfreezeOptions,
+)
 from ..core.choices import POLICIES
 from ..core.surgery.grammar import (
     parse_count,
@@ -123,8 +129,7 @@ class SurgeryMagics(TopicMagics):
                     raise TorchMagicError("name what to freeze", param="targets")
                 result = self.session.freeze(
                     *args.targets,
-                    exclude=args.exclude,
-                    bn=args.bn,
+                    options=FreezeOptions(tuple(args.exclude or ()), args.bn),
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
                     command=f"%freeze {strip_comment(line).strip()}",
@@ -154,8 +159,7 @@ class SurgeryMagics(TopicMagics):
                     raise TorchMagicError("name what to unfreeze", param="targets")
                 result = self.session.unfreeze(
                     *targets,
-                    **options,
-                    exclude=args.exclude,
+                    options=UnfreezeOptions(**options, exclude=tuple(args.exclude or ())),
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
                     command=f"%unfreeze {strip_comment(line).strip()}",
@@ -201,9 +205,11 @@ class SurgeryMagics(TopicMagics):
                     where, count = (spec[0] if spec else "auto"), None
                 result = self.session.replace_head(
                     where,
-                    None if count is None else parse_count(count, "num_classes"),
-                    labels=labels,
-                    dropout=args.dropout,
+                    options=ReplaceHeadOptions(
+                        None if count is None else parse_count(count, "num_classes"),
+                        args.dropout,
+                        None if labels is None else tuple(labels),
+                    ),
                     optimizer=args.optimizer,
                     dry_run=args.dry_run,
                     command=f"%replace_head {strip_comment(line).strip()}",
@@ -218,9 +224,7 @@ class SurgeryMagics(TopicMagics):
             raise TorchMagicError("name the layers to adapt", param="targets")
         result = self.session.lora(
             *targets,
-            **options,
-            use_dora=args.use_dora,
-            use_rslora=args.use_rslora,
+            options=LoraOptions(**options, use_dora=args.use_dora, use_rslora=args.use_rslora),
             optimizer=args.optimizer,
             dry_run=args.dry_run,
             command=f"%lora {shlex.join(words)}",  # globs quoted, as typed

@@ -11,7 +11,7 @@ from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, real_name
 from IPython.display import display
 
-from ..core import TorchMagicError
+from ..core import FitOptions, LrFindOptions, TorchMagicError
 from ..core.choices import MODES, POLICIES, SCHEDULES
 from .base import OPT, TopicMagics, parse, render
 from .shown import ShownResult, echoed_in_a_terminal
@@ -173,7 +173,7 @@ class TrainingMagics(TopicMagics):
     @argument(
         "--lr-ratio",
         type=float,
-        default=0.3,
+        default=FitOptions.lr_ratio,
         metavar="R",
         help="each unfrozen block's base lr: R x the previous one's (the first: R x the head's)",
     )
@@ -206,17 +206,12 @@ class TrainingMagics(TopicMagics):
 
         def run(progress: Progress) -> object:
             model, train = self._model_and_loader(args.names)
-            return self.session.fit(
-                train,
-                model=model,
-                val=args.val,
+            options = FitOptions(
                 epochs=args.epochs,
                 max_steps=args.max_steps,
                 loss=args.loss,
                 cache_features=args.cache_features,
                 sched_step=args.sched_step,
-                optimizer=args.optimizer,
-                observer=progress,
                 unfreeze=args.unfreeze or (),
                 every=args.every,
                 patience=args.patience,
@@ -227,14 +222,28 @@ class TrainingMagics(TopicMagics):
                 accumulate=args.accumulate,
                 clip=args.clip,
             )
+            return self.session.fit(
+                train,
+                model=model,
+                val=args.val,
+                options=options,
+                optimizer=args.optimizer,
+                observer=progress,
+            )
 
         return self._shown(self.fit, run)
 
     @usage("%lr_find train_loader --apply", "the lr range test; all restored after")
     @MODEL_AND_TRAIN
-    @argument("--start", type=float, default=1e-7, metavar="LR", help="the first lr")
-    @argument("--end", type=float, default=10.0, metavar="LR", help="the last lr")
-    @argument("--steps", type=int, default=100, metavar="N", help="steps from start to end")
+    @argument("--start", type=float, default=LrFindOptions.start, metavar="LR", help="the first lr")
+    @argument("--end", type=float, default=LrFindOptions.end, metavar="LR", help="the last lr")
+    @argument(
+        "--steps",
+        type=int,
+        default=LrFindOptions.steps,
+        metavar="N",
+        help="steps from start to end",
+    )
     @argument(
         "--apply",
         action="store_true",
@@ -252,16 +261,13 @@ class TrainingMagics(TopicMagics):
 
         def run(progress: Progress) -> object:
             model, train = self._model_and_loader(args.names)
+            options = LrFindOptions(args.start, args.end, args.steps, args.apply, args.loss)
             return self.session.lr_find(
                 train,
                 model=model,
-                start=args.start,
-                end=args.end,
-                steps=args.steps,
-                apply=args.apply,
+                options=options,
                 optimizer=args.optimizer,
                 observer=progress,
-                loss=args.loss,
             )
 
         return self._shown(self.lr_find, run)

@@ -133,7 +133,7 @@ def _after(module, name: str, calls: int = 1):
 def _points():
     import torchmagic.core.checkpoint as checkpoint_file
     import torchmagic.core.checkpoint.restore as restore
-    import torchmagic.core.session.checkpoint as session_checkpoint
+    import torchmagic.core.session.save_load as session_checkpoint
     from torchmagic.core import sharding
 
     return [

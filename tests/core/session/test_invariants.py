@@ -133,9 +133,9 @@ def test_every_command_and_undo_passes_through_it(monkeypatch):
     calls: list[str] = []
     real = invariants.check
 
-    def spy(target, before, command, undone=False, parameters=None):
+    def spy(target, before, command, undone=False, measured=None):
         calls.append(("undo " if undone else "") + command[0].method)
-        return real(target, before, command, undone, parameters)
+        return real(target, before, command, undone, measured)
 
     monkeypatch.setattr(invariants, "check", spy)
     tm.freeze("0-2")

@@ -154,7 +154,7 @@ def test_the_automatic_cap_follows_the_machine_memory_and_says_why(monkeypatch):
     # a machine whose quarter holds one block's state: the second freeze drops the first
     monkeypatch.setattr(history, "MIN_CAP", 0)
     monkeypatch.setattr(
-        "torchmagic.core.session.history.machine_memory", lambda: (None, 4 * one_block)
+        "torchmagic.core.session.undo.machine_memory", lambda: (None, 4 * one_block)
     )
     assert tm.history_cap().nbytes == one_block
     tm.freeze("0")
@@ -169,7 +169,7 @@ def test_the_last_command_can_always_be_undone(cap, monkeypatch):
     """Whatever the cap (none at all, 1 byte, the automatic one on a tiny machine), after
     every command the newest entry is in the history and undoing it restores exactly."""
     monkeypatch.setattr(history, "MIN_CAP", 0)
-    monkeypatch.setattr("torchmagic.core.session.history.machine_memory", lambda: (None, 8))
+    monkeypatch.setattr("torchmagic.core.session.undo.machine_memory", lambda: (None, 8))
     model, opt, ns = _model()
     tm = Session(namespace=ns, config=SessionConfig(history_bytes=cap))
     commands = [

@@ -207,6 +207,7 @@ def _time_on(
     inputs: Any,
     targets: Any,
     loss_fn: Callable,
+    *,
     steps: int,
     warmup: int,
 ) -> DeviceTiming:
@@ -292,7 +293,7 @@ def compare(
         except TypeError as error:
             raise TorchMagicError(str(error), param="source") from None
         timings = tuple(
-            _time_on(d, real, optimizer, inputs, targets, loss_fn, steps, warmup)
+            _time_on(d, real, optimizer, inputs, targets, loss_fn, steps=steps, warmup=warmup)
             for d in targets_list
         )
     if optimizer is None:

@@ -14,10 +14,8 @@ peft has been imported already, so every question first looks in ``sys.modules``
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import warnings
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -25,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..options import LoraOptions
 from .classes import package_of
 
 # The attribute path from a PeftModel to the user's model.
@@ -178,23 +177,6 @@ def adapter_name(model: nn.Module) -> str:
         if active:
             return active[0]
     return "default"
-
-
-@dataclass(frozen=True)
-class LoraOptions:
-    """What a LoRA layer is made with, as peft's ``LoraConfig`` names it: rank ``r``,
-    scale ``alpha / r`` (``alpha / sqrt(r)`` with ``use_rslora``), dropout on the input,
-    and DoRA's magnitude vector with ``use_dora``."""
-
-    r: int
-    alpha: float
-    dropout: float = 0.0
-    use_dora: bool = False
-    use_rslora: bool = False
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
 
 def make_lora_layer(base: nn.Module, adapter: str, options: LoraOptions) -> nn.Module:

@@ -30,7 +30,7 @@ from ..training.data import base_dataset
 from ..training.fit_plan import resolve_loss
 from ..zoo import LoadedModel
 from . import names
-from .devices import check_placement
+from .hardware import check_placement
 
 if TYPE_CHECKING:
     from .facade import Session

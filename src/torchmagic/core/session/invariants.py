@@ -22,8 +22,8 @@ from ..advice import Advice, Command, as_advice
 from ..ema_owners import parameter_shapes
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import named_walk, unique_parameters, unwrap
-from ..surgery.edits import BoundModel
+from ..modules import unwrap
+from ..surgery.edits import BoundModel, Measured, measure
 from ..surgery.scheduler_sync import mismatches
 
 _NO_GROUP = "is trainable but in no param group"
@@ -54,17 +54,18 @@ class Observed:
         )
 
 
-def observe(target: BoundModel, parameters: Sequence[nn.Parameter] | None = None) -> Observed:
-    """What is already wrong before a command (see the module's docstring); ``parameters``:
-    the model's, each once, when the caller has just walked it for them."""
+def observe(target: BoundModel, measured: Measured | None = None) -> Observed:
+    """What is already wrong before a command (see the module's docstring); ``measured``:
+    the model as the caller has just walked it, else it is walked here."""
+    walked = measure(target) if measured is None else measured
     alive: list[object] = []
     problems = {
-        **_group_problems(target, alive, parameters),
+        **_group_problems(target, alive, walked.parameters),
         **_scheduler_problems(target, alive),
         **_ema_problems(target),
-        **_adapter_problems(target.model, alive),
+        **_adapter_problems(walked.modules, alive),
     }
-    return Observed(problems, _widths(target.model), alive)
+    return Observed(problems, _widths(walked.modules), alive)
 
 
 def check(
@@ -72,10 +73,11 @@ def check(
     before: Observed,
     command: Command,
     undone: bool = False,
-    parameters: Sequence[nn.Parameter] | None = None,
+    measured: Measured | None = None,
 ) -> None:
-    """Raise :class:`BrokenInvariant` naming what ``command`` (or its undo) broke."""
-    after = observe(target, parameters)
+    """Raise :class:`BrokenInvariant` naming what ``command`` (or its undo) broke;
+    ``measured``: the model as the caller has just walked it after the command."""
+    after = observe(target, measured)
     new = [text for key, text in after.problems.items() if key not in before.problems]
     new += _changed_widths(before.widths, after.widths)
     if not new:
@@ -93,7 +95,7 @@ def check(
 
 
 def _group_problems(
-    target: BoundModel, alive: list[object], parameters: Sequence[nn.Parameter] | None
+    target: BoundModel, alive: list[object], parameters: Sequence[nn.Parameter]
 ) -> dict[tuple, str]:
     opt = target.optimizer
     if opt is None:
@@ -105,7 +107,7 @@ def _group_problems(
             counts[id(p)] = counts.get(id(p), 0) + 1
             held[id(p)] = p
     found: dict[tuple, tuple[nn.Parameter, str]] = {}
-    for p in unique_parameters([target.model]) if parameters is None else parameters:
+    for p in parameters:
         n = counts.pop(id(p), 0)
         if n > 1:
             found[(_TWICE, id(p))] = (p, _TWICE)
@@ -152,16 +154,18 @@ def _ema_problems(target: BoundModel) -> dict[tuple, str]:
     }
 
 
-def _adapter_problems(model: nn.Module, alive: list[object]) -> dict[tuple, str]:
+def _adapter_problems(
+    modules: Sequence[tuple[str, nn.Module]], alive: list[object]
+) -> dict[tuple, str]:
     problems = {}
-    for name, layer in peft.lora_layers(model):
+    for name, layer in ((n, m) for n, m in modules if peft.is_lora_layer(m)):
         for text in peft.broken_adapters(layer):
             problems[("adapter", id(layer), text)] = f"LoRA layer {name}: {text}"
             alive.append(layer)
     return problems
 
 
-def _widths(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
+def _widths(modules: Sequence[tuple[str, nn.Module]]) -> tuple[dict[str, int], dict[str, int]]:
     """The input width of each layer by path, and of each module by the first layer inside
     it: what the layer before it writes, which no command changes (a new head reads what
     the old one read; a head now wrapped, by a LoRA layer or with dropout in front, is
@@ -169,7 +173,7 @@ def _widths(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
     own: dict[str, int] = {}
     first: dict[str, int] = {}
     waiting: list[str] = []  # the ancestors of this module with no layer inside yet
-    for name, module in named_walk(model):
+    for name, module in modules:
         # in pre-order, a module left behind has no layer after this point
         while waiting and not _inside(name, waiting[-1]):
             waiting.pop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from ..errors import TorchMagicError
 from ..integrations import discovery
 from ..modules import unwrap
 from ..surgery import edits, model_checks
-from ..surgery.grammar import parse_targets
+from ..surgery.grammar import Target, parse_targets, suffix_list
 from ..surgery.selection import Selection, resolve, select
 from ..workspace import StaleOptimizerError, Workspace
 
@@ -74,13 +75,25 @@ def bound(
         return bind(workspace, name, module, optimizer, reading)
 
 
+@dataclass(frozen=True)
+class Selected:
+    """What a command's targets name, parsed and resolved once: the model, bound, the
+    blocks selected in it, and the targets and exclusions as text relative to the model
+    (what its replay record holds, so that it replays under any variable name)."""
+
+    target: edits.BoundModel
+    selection: Selection
+    relative: tuple[str, ...]
+    excluded: tuple[str, ...]
+
+
 def selection(
     workspace: Workspace,
     targets: Sequence[str],
     exclude: Sequence[str],
     optimizer: str | None,
     suffixes: bool = False,
-) -> tuple[edits.BoundModel, Selection]:
+) -> Selected:
     """The model ``targets`` name, bound, and the blocks they select in it (less
     ``exclude``); refuses models surgery cannot edit. ``suffixes``: names that are no
     path name the modules whose paths end so (peft's habit)."""
@@ -91,7 +104,21 @@ def selection(
         target = bind(workspace, name, model, optimizer, False)
         model_checks.check_editable(target.model, name)
         relative_excluded = [workspace.relative_to(name, t) for t in excluded]
-        return target, select(target.model, relative, relative_excluded, suffixes)
+        return Selected(
+            target,
+            select(target.model, relative, relative_excluded, suffixes),
+            tuple(_relative_text(t) for t in relative),
+            tuple(_relative_text(t) for t in relative_excluded),
+        )
+
+
+def _relative_text(target: Target) -> str:
+    """A target relative to its model, as text the grammar parses again ("" : the model)."""
+    if target.glob is not None:
+        return target.glob
+    if target.suffixes:
+        return suffix_list(target.suffixes)
+    return ".".join(segment.text for segment in target.segments)
 
 
 def one_module(

@@ -16,7 +16,8 @@ from torch import nn
 from ..advice import Advice, Call, Option
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import is_batchnorm, parent_of, unique_parameters
+from ..modules import is_batchnorm, named_walk, parent_of, unique_parameters
+from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
 from .model_checks import check_lr
@@ -125,23 +126,25 @@ def _states(
 class Measured:
     """A model's totals, and everything a surgery command can change in the model and its
     optimizer (``state``: compared after the command, so that one that changed nothing can
-    say so and leave no history entry)."""
+    say so and leave no history entry), from one walk of the model."""
 
     counts: Counts
     state: tuple
     parameters: tuple[nn.Parameter, ...]  # the model's, each once (what invariants check)
+    modules: tuple[tuple[str, nn.Module], ...]  # by their first path, in pre-order
 
 
 def measure(target: BoundModel) -> Measured:
     held = group_index(target.optimizer) if target.optimizer is not None else {}
-    walked = scan(target.model, held)
+    named = tuple(named_walk(target.model))
+    walked = scan(target.model, held, [m for _, m in named])
     state = (
         walked.modules,
         walked.parameters,
         tuple(group_keys(target.optimizer).values()),
-        tuple(peft.enabled(layer) for _, layer in peft.lora_layers(target.model)),
+        tuple(peft.enabled(m) for _, m in named if peft.is_lora_layer(m)),
     )
-    return Measured(walked.counts, state, walked.held_by_model)
+    return Measured(walked.counts, state, walked.held_by_model, named)
 
 
 def _effect(
@@ -150,6 +153,7 @@ def _effect(
     blocks: Sequence[Block],
     before: Sequence[tuple],
     flipped: Sequence[nn.Parameter],
+    *,
     state_freed_bytes: int = 0,
     bn_modes: Mapping[str, int] | None = None,
     notes: Sequence[str] = (),
@@ -259,7 +263,7 @@ class _NewGroup:
     ref: int
 
 
-def _by_home(
+def _by_home_group(
     params: Sequence[nn.Parameter], home_of: Callable[[nn.Parameter], int | None]
 ) -> list[tuple[int | None, list[nn.Parameter]]]:
     """``params`` split by home group index (None: never in any group), in first-seen order."""
@@ -316,12 +320,12 @@ def _plan(
 
     where = group_index(opt)
     home_of = optimizer_sync.homes(opt).indexer(opt)
-    homecoming: list[tuple[int, list[nn.Parameter]]] = []
+    returning: list[tuple[int, list[nn.Parameter]]] = []
     new_groups: list[_NewGroup] = []
     for block, lr, params in blocks:
-        parts = _by_home(params, home_of) if params else []
+        parts = _by_home_group(params, home_of) if params else []
         if not explicit:
-            homecoming += [
+            returning += [
                 (home, away)
                 for home, ps in parts
                 if home is not None and (away := [p for p in ps if where.get(id(p)) != home])
@@ -338,7 +342,7 @@ def _plan(
                 base = lr_ratio * base_of(head)
             template = opt.defaults if home is None else opt.param_groups[home]
             new_groups.append(_NewGroup(name, ps, template, base, follows))
-    return homecoming, new_groups
+    return returning, new_groups
 
 
 def _merged(
@@ -356,9 +360,10 @@ def unfreeze(
     target: BoundModel,
     selection: Selection,
     lrs: Sequence[float | None],
+    tx: Transaction,
+    *,
     weight_decay: float | None,
     lr_ratio: float,
-    tx: Transaction,
     later: Sequence[str] = (),
 ) -> Effect:
     """Train the selection again. ``later``: what will build an optimizer for the model
@@ -429,7 +434,7 @@ def unfreeze(
         taken = {id(new) for _, new in adopted}
         per_block = [[p for p in ps if id(p) not in taken] for ps in per_block]
         planned = list(zip(blocks, lrs, per_block, strict=True))
-        homecoming, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
+        returning, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
         if new_groups and target.rebuilt is not None:
             instead = (
                 "or unfreeze without lr= (trainability carries into the next fit)"
@@ -455,7 +460,7 @@ def unfreeze(
                 f"{len(adopted)} tensor(s) of the module(s) replaced by hand left the "
                 "optimizer with their state; the new ones took their param groups"
             )
-        moves = _merged(homecoming)
+        moves = _merged(returning)
         editor.detach_ahead(
             [p for _, ps in moves for p in ps] + [p for g in new_groups for p in g.params]
         )
@@ -499,7 +504,7 @@ def _head_groups(
     where = group_index(opt)
     book = optimizer_sync.homes(opt)
     joining: dict[int, list[nn.Parameter]] = {}
-    homeless: list[nn.Parameter] = []
+    groupless: list[nn.Parameter] = []
     for old_module, new_module in zip(old, new, strict=True):
         by_role = {name.rpartition(".")[2]: p for name, p in old_module.named_parameters()}
         for name, p in new_module.named_parameters():
@@ -508,10 +513,10 @@ def _head_groups(
             if twin is not None:
                 index = where.get(id(twin), book.index(opt, twin))
             if index is None:
-                homeless.append(p)
+                groupless.append(p)
             else:
                 joining.setdefault(index, []).append(p)
-    return joining, homeless
+    return joining, groupless
 
 
 # A module's hook tables: the new head adopts the old head's very dicts, so the user's
@@ -578,14 +583,15 @@ def replace_head(
     target: BoundModel,
     root: nn.Module,
     root_name: str,
-    num_classes: int,
-    dropout: float | None,
+    options: ReplaceHeadOptions,
     tx: Transaction,
-    labels: Sequence[str] | None = None,
 ) -> Effect:
     """Replace the heads found in ``root`` (at ``root_name`` inside the model), and keep
-    the model's class count and label map in step (:mod:`.model_config`)."""
+    the model's class count and label map in step (:mod:`.model_config`);
+    ``options.num_classes`` is resolved (never None)."""
     check_ema_owners(target)
+    num_classes, dropout, labels = options.num_classes, options.dropout, options.labels
+    assert num_classes is not None
     if num_classes < 1:
         raise TorchMagicError(
             f"the number of classes must be at least 1, got {num_classes}", param="num_classes"
@@ -603,9 +609,9 @@ def replace_head(
     opt = target.optimizer
     again = _replaced_again(found, num_classes, opt, old_params)
     if opt is not None:
-        joining, homeless = _head_groups(opt, [m for _, m in located], new_modules)
+        joining, groupless = _head_groups(opt, [m for _, m in located], new_modules)
         head = head_group(target, exclude=old_params) or 0
-        if homeless:
+        if groupless:
             check_new_group(target, opt, [head])
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
@@ -637,10 +643,10 @@ def replace_head(
     if opt is not None:
         for index, params in joining.items():
             editor.join(index, params)
-        if homeless:
+        if groupless:
             check_lr(opt, opt.defaults["lr"])
             base = float(opt.defaults["lr"])
-            index = editor.add_group(homeless, name=located[0][0], lr=base, template=opt.defaults)
+            index = editor.add_group(groupless, name=located[0][0], lr=base, template=opt.defaults)
             scheduler_sync.follow(target.schedulers, opt, index, head, base)
     old_shape = f"{found[0].in_features}→{found[0].out_features}"
     notes.insert(

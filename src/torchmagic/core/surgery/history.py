@@ -121,9 +121,10 @@ class History:
     def push(
         self,
         change: Change,
+        tx: Transaction,
+        *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        tx: Transaction,
         max_entries: int,
         max_bytes: int,
         replay: Replay | None = None,

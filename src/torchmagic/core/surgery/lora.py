@@ -26,8 +26,8 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..integrations.peft import LoraOptions
 from ..modules import parent_of, unique_parameters
+from ..options import LoraOptions
 from . import optimizer_sync, scheduler_sync
 from .edits import (
     BoundModel,
@@ -122,10 +122,10 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
     return list(found.items())
 
 
-def check_options(
-    r: int, alpha: float, dropout: float, use_dora: bool = False, use_rslora: bool = False
-) -> LoraOptions:
-    """The options, checked, as one :class:`LoraOptions`."""
+def check_options(options: LoraOptions) -> LoraOptions:
+    """``options``, checked (but ``lr``: the command checks it, after its targets)."""
+    r, alpha, dropout = options.r, options.alpha, options.dropout
+    use_dora, use_rslora = options.use_dora, options.use_rslora
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise TorchMagicError(f"r must be a positive integer, got {r!r}", param="r")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
@@ -135,7 +135,7 @@ def check_options(
     for key, flag in (("use_dora", use_dora), ("use_rslora", use_rslora)):
         if not isinstance(flag, bool):
             raise TorchMagicError(f"{key} must be True or False, got {flag!r}", param=key)
-    return LoraOptions(r, alpha, dropout, use_dora, use_rslora)
+    return options
 
 
 def _record(layer: nn.Module, flags: tuple[bool, ...] | None, tx: Transaction) -> None:
@@ -166,15 +166,15 @@ def add(
     target: BoundModel,
     selection: Selection,
     options: LoraOptions,
-    lr: float | None,
     tx: Transaction,
     later: Sequence[str] = (),
 ) -> Effect:
     """Adapt the selected layers with LoRA made with ``options``; the adapters train in
-    a new group at base lr ``lr`` (default: the head group's base lr). ``later``: what
-    will build an optimizer for the model later (said in the notes)."""
+    a new group at base lr ``options.lr`` (default: the head group's base lr). ``later``:
+    what will build an optimizer for the model later (said in the notes)."""
     check_ema_owners(target)
     opt = target.optimizer
+    lr = options.lr
     if opt is None and lr is not None:
         raise TorchMagicError(
             f"lr needs an optimizer, and none holds parameters of '{target.model_name}'",

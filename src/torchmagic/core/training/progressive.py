@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..options import FitOptions
 
 Monitor = Literal["loss", "acc"]
 MONITORS: tuple[Monitor, ...] = ("loss", "acc")
@@ -48,7 +49,7 @@ class Pacing:
     blocks: tuple[str, ...] = ()
     every: int | None = None
     patience: int | None = None
-    lr_ratio: float = 0.3
+    lr_ratio: float = FitOptions.lr_ratio
     monitor: Monitor = "loss"
     early_stop: bool = False
     keep_best: bool = False

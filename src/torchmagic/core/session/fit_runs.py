@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ from ..advice import Option
 from ..choices import SCHEDULES
 from ..errors import TorchMagicError
 from ..numbers import short
+from ..options import FineTuneOptions, FitOptions, LrFindOptions, changed_fields
 from ..surgery import edits, heads, scheduler_sync
 from ..surgery.base_lrs import base_lrs
 from ..surgery.results import Replay
@@ -28,7 +29,7 @@ from ..training.fit import fit as run_fit
 from ..training.fit_events import FitHistory, FitObserver, StopReason, report_progress
 from ..training.fit_plan import FitPlan, check_plan, resolve_loss
 from ..training.lr_find import LrFindResult, check_range, find_lr
-from ..training.progressive import Monitor, Pacing, check_pacing
+from ..training.progressive import Pacing, check_pacing
 from ..training.recipe import (
     HEAD_PHASE,
     UNFROZEN_PHASE,
@@ -37,10 +38,9 @@ from ..training.recipe import (
     fine_tune_blocks,
     one_cycle_phase,
 )
-from ..training.schedule_steps import SchedStep
 from . import names, shared
-from .devices import check_placement
-from .surgery import call, checked_bn, options
+from .commands import call, checked_bn
+from .hardware import check_placement
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
@@ -117,49 +117,47 @@ def _check_model_word(workspace: Workspace, model: str | None, takes_val: bool) 
 def fit(
     session: Session,
     train: object,
+    options: FitOptions,
+    *,
     model: str | None,
     val: object | None,
-    epochs: int,
-    max_steps: int | None,
-    loss: str | Callable,
-    cache_features: bool,
     optimizer: str | None,
     observer: FitObserver | None,
-    sched_step: SchedStep | None,
-    unfreeze: Sequence[str] | str,
-    every: int | None,
-    patience: int | None,
-    lr_ratio: float,
-    monitor: Monitor,
-    early_stop: bool,
-    keep_best: bool,
-    accumulate: int,
-    clip: float | None,
 ) -> FitHistory:
     target, plan = fit_plan(
         session,
         train,
         model=model,
         val=val,
-        loss=loss,
+        loss=options.loss,
         optimizer=optimizer,
         label=f"fit {len(session.fits) + 1}",
     )
-    plan.epochs, plan.max_steps = epochs, max_steps
-    plan.cache_features, plan.sched_step = cache_features, sched_step
-    plan.accumulate, plan.clip = accumulate, clip
+    plan.epochs, plan.max_steps = options.epochs, options.max_steps
+    plan.cache_features, plan.sched_step = options.cache_features, options.sched_step
+    plan.accumulate, plan.clip = options.accumulate, options.clip
+    unfreeze = options.unfreeze
     blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
     blocks = [b.strip() for b in blocks if b.strip()]
-    if blocks or every is not None or patience is not None or early_stop or keep_best:
-        plan.pacing = _pacing(
-            session,
-            target,
-            plan,
-            Pacing(tuple(blocks), every, patience, lr_ratio, monitor, early_stop, keep_best),
-            optimizer,
-        )
-    elif monitor != "loss":
-        check_pacing(Pacing(monitor=monitor), plan.val is not None, cache_features)
+    pacing = Pacing(
+        tuple(blocks),
+        options.every,
+        options.patience,
+        options.lr_ratio,
+        options.monitor,
+        options.early_stop,
+        options.keep_best,
+    )
+    if (
+        blocks
+        or pacing.every is not None
+        or pacing.patience is not None
+        or pacing.early_stop
+        or pacing.keep_best
+    ):
+        plan.pacing = _pacing(session, target, plan, pacing, optimizer)
+    elif options.monitor != "loss":
+        check_pacing(Pacing(monitor=options.monitor), plan.val is not None, options.cache_features)
     if observer is not None:
         plan.observer = observer
     before = _newest_command(session, target.model)
@@ -167,30 +165,39 @@ def fit(
     session.fits.append(history)
     workspace = session.workspace
     workspace.current = target.model_name
+    recorded = replace(
+        options,
+        loss=_named_loss(options.loss),
+        unfreeze=tuple(blocks),
+        lr_ratio=options.lr_ratio if plan.pacing is not None else FitOptions.lr_ratio,
+    )
     record = Replay(
         "fit",
         (),
-        options(
-            train=names.name_of(workspace, train, "train_loader"),
-            val=None if val is None else names.name_of(workspace, val, "val_loader"),
-            epochs=epochs,
-            max_steps=max_steps,
-            loss=loss if isinstance(loss, str) and loss != "cross_entropy" else None,
-            cache_features=cache_features or None,
-            sched_step=sched_step,
-            unfreeze=tuple(blocks) or None,
-            every=every,
-            patience=patience,
-            lr_ratio=lr_ratio if plan.pacing is not None and lr_ratio != 0.3 else None,
-            monitor=None if monitor == "loss" else monitor,
-            early_stop=early_stop or None,
-            keep_best=keep_best or None,
-            accumulate=None if accumulate == 1 else accumulate,
-            clip=clip,
+        (
+            *_loaders(workspace, train, val),
+            ("epochs", options.epochs),
+            *changed_fields(recorded, leave_out=("epochs",)),
         ),
     )
     record_call(session, target.model, record, before)
     return history
+
+
+def _named_loss(loss: str | Callable) -> str | Callable:
+    """A loss as a replay can name it: a name other than the default, else the default
+    (a function cannot be written into a script; it is left out)."""
+    return loss if isinstance(loss, str) else FitOptions.loss
+
+
+def _loaders(
+    workspace: Workspace, train: object, val: object | None
+) -> tuple[tuple[str, object], ...]:
+    """A run's loaders as a replay names them: the variables holding them."""
+    named = (("train", names.name_of(workspace, train, "train_loader")),)
+    if val is None:
+        return named
+    return (*named, ("val", names.name_of(workspace, val, "val_loader")))
 
 
 def record_call(
@@ -246,7 +253,7 @@ def _pacing(
     claimed: set[int] = set()
     first_lr = head_base_lr() * pacing.lr_ratio if pacing.blocks else 0.0
     for block in pacing.blocks:
-        _, selection = names.selection(session.workspace, (name, block), (), optimizer)
+        selection = names.selection(session.workspace, (name, block), (), optimizer).selection
         frozen = [p for p in selection.parameters() if not p.requires_grad and id(p) not in claimed]
         if not frozen:
             raise TorchMagicError(
@@ -260,18 +267,22 @@ def _pacing(
 def lr_find(
     session: Session,
     train: object,
+    options: LrFindOptions,
+    *,
     model: str | None,
-    start: float,
-    end: float,
-    steps: int,
-    apply: bool,
     optimizer: str | None,
     observer: FitObserver | None,
-    loss: str | Callable,
 ) -> LrFindResult:
+    start, end, steps = options.start, options.end, options.steps
     check_range(start, end, steps)
     target, plan = fit_plan(
-        session, train, model=model, val=None, loss=loss, optimizer=optimizer, label="lr_find"
+        session,
+        train,
+        model=model,
+        val=None,
+        loss=options.loss,
+        optimizer=optimizer,
+        label="lr_find",
     )
     if observer is not None:
         plan.observer = observer
@@ -280,7 +291,7 @@ def lr_find(
     ref = edits.head_group(target)
     ref = 0 if ref is None else ref
     result = find_lr(plan, start=start, end=end, steps=steps, reference=ref, bases=bases)
-    if not apply or result.suggestion is None:
+    if not options.apply or result.suggestion is None:
         return result
     suggestion = result.suggestion
     new = {
@@ -305,20 +316,15 @@ def lr_find(
 def fine_tune(
     session: Session,
     train: object,
+    options: FineTuneOptions,
+    *,
     val: object,
-    epochs: int,
-    freeze_epochs: int,
-    lr: float | None,
     model: str | None,
-    loss: str | Callable,
     optimizer: str | None,
     observer: FitObserver | None,
-    sched_step: SchedStep | None,
-    accumulate: int,
-    clip: float | None,
-    schedule: str | None,
-    bn: str | None,
 ) -> FineTuneResult:
+    epochs, freeze_epochs, lr = options.epochs, options.freeze_epochs, options.lr
+    bn, schedule = options.bn, options.schedule
     for what, value in (("epochs", epochs), ("freeze_epochs", freeze_epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TorchMagicError(f"{what} must be at least 1, got {value!r}", param=what)
@@ -330,9 +336,9 @@ def fine_tune(
     if bn is not None:
         checked_bn(bn)
     target, plan = fit_plan(
-        session, train, model=model, val=val, loss=loss, optimizer=optimizer, label=""
+        session, train, model=model, val=val, loss=options.loss, optimizer=optimizer, label=""
     )
-    plan.accumulate, plan.clip = accumulate, clip
+    plan.accumulate, plan.clip = options.accumulate, options.clip
     check_plan(plan)
     steps_per_epoch = _one_cycle_steps(schedule, target, plan)
     name = target.model_name
@@ -342,24 +348,26 @@ def fine_tune(
         raise TorchMagicError(
             f"'{name}' is a single layer: there is no body to fine-tune", param="model"
         )
-    runs = {
-        "train": train,
-        "model": name,
-        "val": val,
-        "loss": loss,
-        "optimizer": optimizer,
-        "observer": observer,
-        "sched_step": sched_step,
-        "accumulate": accumulate,
-        "clip": clip,
-    }
+    run = FitOptions(
+        loss=options.loss,
+        sched_step=options.sched_step,
+        accumulate=options.accumulate,
+        clip=options.clip,
+    )
     opt = target.optimizer
     assert opt is not None
     before, fits_before = _newest_command(session, target.model), len(session._fit_calls)
     freeze = session.freeze(name, exclude=(head,), bn=bn, optimizer=optimizer)
     report_progress(observer, freeze)
     with _phase(session, opt, HEAD_PHASE, freeze_epochs * steps_per_epoch):
-        head_fit = session.fit(epochs=freeze_epochs, **runs)  # type: ignore[arg-type]
+        head_fit = session.fit(
+            train,
+            model=name,
+            val=val,
+            options=replace(run, epochs=freeze_epochs),
+            optimizer=optimizer,
+            observer=observer,
+        )
     result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
     if head_fit.stop_reason in (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS):
         return result
@@ -371,25 +379,24 @@ def fine_tune(
     unfreeze = session.unfreeze(name, *blocks, lr=(top / 100, top), optimizer=optimizer)
     report_progress(observer, unfreeze)
     with _phase(session, opt, UNFROZEN_PHASE, epochs * steps_per_epoch):
-        full_fit = session.fit(epochs=epochs, **runs)  # type: ignore[arg-type]
+        full_fit = session.fit(
+            train,
+            model=name,
+            val=val,
+            options=replace(run, epochs=epochs),
+            optimizer=optimizer,
+            observer=observer,
+        )
     # the whole recipe ran: export it as one call, not as its four commands
     del session._fit_calls[fits_before:]
-    workspace = session.workspace
+    recorded = replace(options, loss=_named_loss(options.loss))
     record = Replay(
         "fine_tune",
         (),
-        options(
-            train=names.name_of(workspace, train, "train_loader"),
-            val=names.name_of(workspace, val, "val_loader"),
-            epochs=epochs,
-            freeze_epochs=None if freeze_epochs == 1 else freeze_epochs,
-            lr=lr,
-            loss=loss if isinstance(loss, str) and loss != "cross_entropy" else None,
-            sched_step=sched_step,
-            accumulate=None if accumulate == 1 else accumulate,
-            clip=clip,
-            schedule=schedule,
-            bn=bn,
+        (
+            *_loaders(session.workspace, train, val),
+            ("epochs", epochs),
+            *changed_fields(recorded, leave_out=("epochs",)),
         ),
     )
     record_call(session, target.model, record, before)

@@ -131,6 +131,7 @@ def compare_devices(
 def batch_size(
     session: Session,
     input_shape: Sequence[int],
+    *,
     model: str | None,
     optimizer: str | None,
     budget: int | None,

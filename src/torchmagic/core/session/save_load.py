@@ -31,7 +31,7 @@ from ..surgery.grammar import parse_target
 from ..surgery.results import Replay
 from ..surgery.transaction import uninterrupted
 from ..training.fit_plan import LOSSES
-from . import distributed, names
+from . import fsdp, names
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def save(session: Session, path: str | os.PathLike, model: str | None, sync: bool) -> SaveReport:
     target = session.bound(model)
-    distributed.refuse_sharded_save(session, target, os.fspath(path))
+    fsdp.refuse_sharded_save(session, target, os.fspath(path))
     applied = session._history.applied(target.model)
     built_by = zoo_call(session.loaded.get(target.model_name), target.model)
     payload = checkpoint_file.capture(
@@ -61,7 +61,7 @@ def load(
     where = os.fspath(path)
     payload = checkpoint_file.read(where)
     target = session.bound(model, optimizer)
-    distributed.refuse_sharded_resume(session, target, where)
+    fsdp.refuse_sharded_resume(session, target, where)
     device_type = session.model_device(target.model).type
     calls = list(checkpoint_file.replays(payload))
     already = len(session._history.applied(target.model))

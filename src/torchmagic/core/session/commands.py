@@ -1,12 +1,12 @@
 """The Session's mutating commands and how each one runs: validated first, then applied in
-a transaction, recorded in the history (the commit point) and settled, or not at all, also
+a transaction, recorded in the history (the commit point) and finished, or not at all, also
 under Ctrl-C. Each command keeps the call that makes it again on a freshly built model (its
 replay record: what a checkpoint and an exported script hold)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .. import distributed
@@ -14,22 +14,26 @@ from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
 from ..integrations import discovery
+from ..options import (
+    FreezeOptions,
+    LoraOptions,
+    ReplaceHeadOptions,
+    UnfreezeOptions,
+    given_fields,
+)
 from ..surgery import edits, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import describe_groups, group_keys
 from ..surgery.grammar import (
     LrSpec,
-    Target,
     check_positive,
-    parse_targets,
     spread_lrs,
     suffix_list,
 )
 from ..surgery.results import Change, Effect, Replay, SummaryReport
 from ..surgery.summary import summarize
 from ..surgery.transaction import Transaction, uninterrupted
-from ..workspace import Workspace
-from . import history, invariants, names, shared
+from . import invariants, names, shared, undo
 
 if TYPE_CHECKING:
     from torch import nn
@@ -37,13 +41,30 @@ if TYPE_CHECKING:
     from .facade import Session
 
 
+@dataclass(frozen=True)
+class Edit:
+    """One surgery command as it runs: its action, how the history spells it, the live
+    objects it acts on, the step that changes them, the call that replays it, and what the
+    namespace said about it before it ran (``found``: the discovery walk; ``notes``)."""
+
+    action: str
+    command: Command
+    target: edits.BoundModel
+    step: Callable[[Transaction], Effect]
+    dry_run: bool
+    replay: Replay | None
+    found: list
+    notes: tuple[str, ...]
+
+
 def run(
     session: Session,
     action: str,
     command: Command,
     target: edits.BoundModel,
-    dry_run: bool,
     step: Callable[[Transaction], Effect],
+    *,
+    dry_run: bool = False,
     replay: Replay | None = None,
 ) -> Change:
     """Run ``step`` as one atomic command: applied and in the history, or not at all
@@ -58,84 +79,85 @@ def run(
         if untended is not None:
             raise TorchMagicError(untended, param="optimizer")
         notes = (*notes, *discovery.optimizers_to_come(session.workspace.items(), target.model))
-
-    def apply(tx: Transaction, before: edits.Measured) -> tuple[Change, edits.Measured]:
-        groups_before = group_keys(target.optimizer)
-        effect = step(tx)
-        after = edits.measure(target)
-        opt = target.optimizer
-        if opt is not None and len(opt.param_groups) != len(groups_before):
-            effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(found, opt)))
-        # what may undo or override this change on its own, named when it changed something
-        told = tuple(h.line for h in target.holders) if after.state != before.state else ()
-        return Change(
-            action=action,
-            command=command,
-            model_name=target.model_name,
-            effect=replace(
-                effect,
-                notes=effect.notes + tuple(n for n in (*notes, *told) if n not in effect.notes),
-            ),
-            before=before.counts,
-            after=after.counts,
-            optimizer_name=target.optimizer_name,
-            groups=describe_groups(
-                target.optimizer, groups_before, target.schedulers, target.names
-            ),
-            dry_run=dry_run,
-            unchanged=after.state == before.state,
-        ), after
-
-    change, dropped = uninterrupted(lambda: _atomically(session, target, apply, dry_run, replay))
+    edit = Edit(action, command, target, step, dry_run, replay, found, tuple(notes))
+    change, dropped = uninterrupted(lambda: _apply(session, edit))
     if dropped:
-        told = (*change.effect.notes, history.dropped(session, dropped))
-        change = replace(change, effect=replace(change.effect, notes=told))
+        said = (*change.effect.notes, undo.dropped(session, dropped))
+        change = replace(change, effect=replace(change.effect, notes=said))
     return change
 
 
-def _atomically(
-    session: Session,
-    target: edits.BoundModel,
-    apply: Callable[[Transaction, edits.Measured], tuple[Change, edits.Measured]],
-    dry_run: bool,
-    replay: Replay | None = None,
-) -> tuple[Change, int]:
-    """``apply`` in a transaction, checked (the post-condition), then recorded (the
-    commit point) and settled; or rolled back. ``apply`` gets the model measured before
-    and returns it measured after: one walk each for the counts, the state and the
-    invariants. Returns the change and how many old records the history dropped."""
+def _apply(session: Session, edit: Edit) -> tuple[Change, int]:
+    """The command in one transaction, in this order: the model measured (one walk) and
+    what is already wrong in it observed; the step; the model measured again (one walk)
+    and the change described; then, unless it is a dry run or changed nothing, the
+    invariants checked, the record pushed (the commit point) and the command finished.
+    Anything raised before the commit point rolls it back. Returns the change and how
+    many old records the history dropped."""
+    target = edit.target
     tx = Transaction()
-    measured = edits.measure(target)
-    before = invariants.observe(target, measured.parameters)
+    before = edits.measure(target)
+    observed = invariants.observe(target, before)
+    groups_before = group_keys(target.optimizer)
     try:
-        change, after = apply(tx, measured)
-        if dry_run or change.unchanged:  # nothing to keep: no history entry to undo
+        effect = edit.step(tx)
+        after = edits.measure(target)
+        change = _described(edit, effect, before, after, groups_before)
+        if edit.dry_run or change.unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
             return change, 0
-        invariants.check(target, before, change.command, parameters=after.parameters)
+        invariants.check(target, observed, change.command, measured=after)
         dropped = session._history.push(
             change,
-            target.model,
-            target.optimizer,
             tx,
-            session.config.history_limit,
-            session.history_cap().nbytes,
-            replay,
-            before,
-            session.workspace,
+            model=target.model,
+            optimizer=target.optimizer,
+            max_entries=session.config.history_limit,
+            max_bytes=session.history_cap().nbytes,
+            replay=edit.replay,
+            observed=observed,
+            recorder=session.workspace,
         )
-        _settle(session, target, tx)
+        _finish(session, target, tx)
         return change, dropped
     except BaseException:
         # recorded means applied: finish it; otherwise it never happened
         if session._history.holds(tx):
-            _settle(session, target, tx)
+            _finish(session, target, tx)
         else:
             tx.revert()
         raise
 
 
-def _settle(session: Session, target: edits.BoundModel, tx: Transaction) -> None:
+def _described(
+    edit: Edit,
+    effect: Effect,
+    before: edits.Measured,
+    after: edits.Measured,
+    groups_before: dict,
+) -> Change:
+    """The change ``effect`` made, with the notes of the namespace around it."""
+    target, opt = edit.target, edit.target.optimizer
+    if opt is not None and len(opt.param_groups) != len(groups_before):
+        effect = replace(effect, notes=(*effect.notes, *discovery.resume_notes(edit.found, opt)))
+    # what may undo or override this change on its own, named when it changed something
+    holders = tuple(h.line for h in target.holders) if after.state != before.state else ()
+    extra = tuple(n for n in (*edit.notes, *holders) if n not in effect.notes)
+    return Change(
+        action=edit.action,
+        command=edit.command,
+        model_name=target.model_name,
+        effect=replace(effect, notes=effect.notes + extra),
+        before=before.counts,
+        after=after.counts,
+        optimizer_name=target.optimizer_name,
+        groups=describe_groups(opt, groups_before, target.schedulers, target.names),
+        dry_run=edit.dry_run,
+        unchanged=after.state == before.state,
+    )
+
+
+def _finish(session: Session, target: edits.BoundModel, tx: Transaction) -> None:
     """What follows a command's commit point; idempotent, so an interrupted one is
     simply run again."""
     tx.commit()
@@ -150,56 +172,63 @@ def _settle(session: Session, target: edits.BoundModel, tx: Transaction) -> None
 def freeze(
     session: Session,
     targets: Sequence[str],
-    exclude: Sequence[str],
-    bn: str | None,
+    given: FreezeOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    policy = checked_bn(bn or session.config.bn_policy)
-    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
+    policy = checked_bn(given.bn or session.config.bn_policy)
+    options = replace(given, bn=policy)
+    selected = names.selection(session.workspace, targets, options.exclude, optimizer)
+    target, selection = selected.target, selected.selection
     return run(
         session,
         "freeze",
-        command or call("freeze", *targets, exclude=tuple(exclude) or None, bn=bn),
+        command or call("freeze", *targets, **dict(given_fields(given))),
         target,
-        dry_run,
         lambda tx: edits.freeze(target, selection, policy, tx),
-        replay_of(session.workspace, "freeze", targets, exclude, bn=policy),
+        dry_run=dry_run,
+        replay=replay_of("freeze", selected, options),
     )
 
 
 def unfreeze(
     session: Session,
     targets: Sequence[str],
-    lr: LrSpec,
-    wd: float | None,
-    exclude: Sequence[str],
+    given: UnfreezeOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    lr_spec = _checked_lr(lr)
-    weight_decay = None if wd is None else check_positive(wd, "wd", allow_zero=True)
-    target, selection = names.selection(session.workspace, targets, exclude, optimizer)
-    lrs = spread_lrs(lr_spec, len(selection.blocks))
-    _refuse_lr_setter(session, target, lr_spec is not None)
+    wd = given.wd
+    options = replace(
+        given,
+        lr=_checked_lr(given.lr),
+        wd=None if wd is None else check_positive(wd, "wd", allow_zero=True),
+    )
+    selected = names.selection(session.workspace, targets, options.exclude, optimizer)
+    target, selection = selected.target, selected.selection
+    lrs = spread_lrs(options.lr, len(selection.blocks))
+    _refuse_lr_setter(session, target, options.lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
         + discovery.ways_to_build(session.workspace.items(), target.model)
         if target.optimizer is None
         else []
     )
+    ratio = session.config.unfreeze_lr_ratio
     return run(
         session,
         "unfreeze",
-        command or call("unfreeze", *targets, lr=lr, wd=wd, exclude=tuple(exclude) or None),
+        command or call("unfreeze", *targets, **dict(given_fields(given))),
         target,
-        dry_run,
         lambda tx: edits.unfreeze(
-            target, selection, lrs, weight_decay, session.config.unfreeze_lr_ratio, tx, later
+            target, selection, lrs, tx, weight_decay=options.wd, lr_ratio=ratio, later=later
         ),
-        replay_of(session.workspace, "unfreeze", targets, exclude, lr=lr_spec, wd=weight_decay),
+        dry_run=dry_run,
+        replay=replay_of("unfreeze", selected, options),
     )
 
 
@@ -218,9 +247,8 @@ def _refuse_lr_setter(session: Session, target: edits.BoundModel, lr_given: bool
 def replace_head(
     session: Session,
     where: str | None,
-    num_classes: int | None,
-    dropout: float | None,
-    labels: Sequence[str] | None,
+    given: ReplaceHeadOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
@@ -228,6 +256,7 @@ def replace_head(
     target, root_name, root = names.one_module(
         session.workspace, None if where == "auto" else where, optimizer
     )
+    num_classes, labels = given.num_classes, given.labels
     if num_classes is None:
         known = labels if labels is not None else session.class_names.given(target.model)
         if known is None:
@@ -242,22 +271,15 @@ def replace_head(
             f"num_classes must be a positive integer, got {num_classes!r}",
             param="num_classes",
         )
+    options = replace(given, num_classes=num_classes, labels=labels)
     return run(
         session,
         "replace_head",
-        command or call("replace_head", where or "auto", num_classes, dropout=dropout),
+        command or call("replace_head", where or "auto", num_classes, dropout=given.dropout),
         target,
-        dry_run,
-        lambda tx: _named_head(session, target, root, root_name, num_classes, dropout, tx, labels),
-        Replay(
-            "replace_head",
-            (root_name,),
-            options(
-                num_classes=num_classes,
-                dropout=dropout,
-                labels=None if labels is None else tuple(labels),
-            ),
-        ),
+        lambda tx: _named_head(session, target, root, root_name, options, tx),
+        dry_run=dry_run,
+        replay=Replay("replace_head", (root_name,), given_fields(options)),
     )
 
 
@@ -266,56 +288,47 @@ def _named_head(
     target: edits.BoundModel,
     root: nn.Module,
     root_name: str,
-    num_classes: int,
-    dropout: float | None,
+    options: ReplaceHeadOptions,
     tx: Transaction,
-    labels: Sequence[str] | None,
 ) -> Effect:
     """The new head, and the model's class names with it (none without ``labels``: the
     old names do not fit the new head); undo restores the previous names too."""
-    effect = edits.replace_head(target, root, root_name, num_classes, dropout, tx, labels)
-    session.class_names.give(target.model, labels, tx)
+    effect = edits.replace_head(target, root, root_name, options, tx)
+    session.class_names.give(target.model, options.labels, tx)
     return effect
 
 
 def add_lora(
     session: Session,
     targets: Sequence[str | Sequence[str]],
-    given_options: tuple[int, float, float, bool, bool],
-    lr: float | None,
+    given: LoraOptions,
+    *,
     optimizer: str | None,
     dry_run: bool,
     command: Command | None,
 ) -> Change:
-    """``given_options``: r, alpha, dropout, use_dora, use_rslora, as the caller gave them."""
-    options = lora.check_options(*given_options)
+    options = lora.check_options(given)
     if not targets:
         raise TorchMagicError("name the layers to adapt", param="targets")
-    lr = None if lr is None else check_positive(lr, "lr")
+    if options.lr is not None:
+        options = replace(options, lr=check_positive(options.lr, "lr"))
     texts = [t if isinstance(t, str) else suffix_list(t) for t in targets]
-    target, selection = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
-    _refuse_lr_setter(session, target, lr is not None)
+    selected = names.selection(session.workspace, texts, (), optimizer, suffixes=True)
+    target, selection = selected.target, selected.selection
+    _refuse_lr_setter(session, target, options.lr is not None)
     later = (
         discovery.optimizers_to_come(session.workspace.items(), target.model)
         if target.optimizer is None
         else []
     )
-    given = {
-        "r": options.r,
-        "alpha": options.alpha,
-        "dropout": options.dropout,
-        "use_dora": options.use_dora or None,
-        "use_rslora": options.use_rslora or None,
-        "lr": lr,
-    }
     return run(
         session,
         "lora",
-        command or call("lora", *texts, **given),
+        command or call("lora", *texts, **dict(given_fields(options))),
         target,
-        dry_run,
-        lambda tx: lora.add(target, selection, options, lr, tx, later),
-        replay_of(session.workspace, "lora", texts, (), **given),
+        lambda tx: lora.add(target, selection, options, tx, later),
+        dry_run=dry_run,
+        replay=replay_of("lora", selected, options),
     )
 
 
@@ -332,9 +345,9 @@ def merge_lora(
         "merge_lora",
         command or call("merge_lora", model=model),
         target,
-        dry_run,
         lambda tx: lora.merge(target, tx),
-        Replay("merge_lora", (), ()),
+        dry_run=dry_run,
+        replay=Replay("merge_lora", (), ()),
     )
 
 
@@ -348,9 +361,8 @@ def switch_lora(session: Session, model: str | None, on: bool, command: Command 
         action,
         command,
         target,
-        False,
         lambda tx: lora.switch(target, on, tx),
-        Replay(action, (), ()),
+        replay=Replay(action, (), ()),
     )
 
 
@@ -374,9 +386,8 @@ def set_base_lrs(
         "set_lr",
         command or call("set_base_lrs", lrs=lrs),
         target,
-        False,
         lambda tx: set_group_base_lrs(target, lrs, tx),
-        Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
+        replay=Replay("set_base_lrs", (), (("lrs", tuple(sorted(lrs.items()))),)),
     )
 
 
@@ -430,31 +441,12 @@ def call(action: str, *args: str | int, **kwargs: object) -> Advice:
     return (Call(action, args, given),)
 
 
-def options(**given: object) -> tuple[tuple[str, object], ...]:
-    """Keyword arguments of a replay, those left at None dropped."""
-    return tuple((k, v) for k, v in given.items() if v is not None)
-
-
 def replay_of(
-    workspace: Workspace,
-    method: str,
-    targets: Sequence[str],
-    exclude: Sequence[str],
-    **given: object,
+    method: str, selected: names.Selected, given: FreezeOptions | UnfreezeOptions | LoraOptions
 ) -> Replay:
-    """``method``'s call with its targets relative to the model they name, so that it
-    replays on the same model under any variable name."""
-    name, _, relative = workspace.split_root(parse_targets(targets))
-    excluded = [workspace.relative_to(name, t) for t in parse_targets(exclude)]
-    if excluded:
-        given["exclude"] = tuple(_relative_text(t) for t in excluded)
-    return Replay(method, tuple(_relative_text(t) for t in relative), options(**given))
-
-
-def _relative_text(target: Target) -> str:
-    """A target relative to its model, as text the grammar parses again ("" : the model)."""
-    if target.glob is not None:
-        return target.glob
-    if target.suffixes:
-        return suffix_list(target.suffixes)
-    return ".".join(segment.text for segment in target.segments)
+    """``method``'s call on the targets as they were resolved, relative to their model,
+    with the options that say something (an exclusion, relative too, last)."""
+    keywords = given_fields(given, leave_out=("exclude",))
+    if selected.excluded:
+        keywords = (*keywords, ("exclude", selected.excluded))
+    return Replay(method, selected.relative, keywords)

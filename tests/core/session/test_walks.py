@@ -1,0 +1,118 @@
+"""One context per surgery command: the model is walked a bounded number of times. A walk
+is counted as one iteration of a deep block's child table: every whole-model walk, torch's
+or torchmagic's, passes through it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torchvision
+from IPython.utils.capture import capture_output
+
+from torchmagic import Session
+
+# replace_head: 6, and one more once peft is imported (the head's twin is looked up in
+# peft's LoRA layers)
+MAX_MODEL_WALKS = {"unfreeze": 7, "freeze": 6, "replace_head": 7}
+
+
+class Counting(dict):
+    """A dict that counts how often it is iterated."""
+
+    walks = 0
+
+    def items(self):
+        self.walks += 1
+        return super().items()
+
+    def values(self):
+        self.walks += 1
+        return super().values()
+
+    def keys(self):
+        self.walks += 1
+        return super().keys()
+
+    def __iter__(self):
+        self.walks += 1
+        return super().__iter__()
+
+
+def _count_model_walks(model: torch.nn.Module) -> Counting:
+    block = model.layer1[0]
+    table = Counting(block.__dict__["_modules"])
+    object.__setattr__(block, "_modules", table)
+    return table
+
+
+def _setups() -> dict[str, tuple[Callable, Callable]]:
+    """Each command after its setup, through a Session and through the magics."""
+    return {
+        "unfreeze": (
+            lambda tm: tm.freeze(),
+            lambda tm: tm.unfreeze("layer4", lr=1e-4),
+        ),
+        "freeze": (lambda tm: None, lambda tm: tm.freeze("layer3")),
+        "replace_head": (
+            lambda tm: tm.freeze("layer1-4"),
+            lambda tm: tm.replace_head("fc", 5),
+        ),
+    }
+
+
+MAGICS = {
+    "unfreeze": ("freeze model", "unfreeze layer4 lr=1e-4"),
+    "freeze": (None, "freeze layer3"),
+    "replace_head": ("freeze layer1-4", "replace_head fc 5"),
+}
+
+
+DONE = {
+    "unfreeze": lambda model: all(p.requires_grad for p in model.layer4.parameters()),
+    "freeze": lambda model: not any(p.requires_grad for p in model.layer3.parameters()),
+    "replace_head": lambda model: model.fc.out_features == 5,
+}
+
+
+def _resnet() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("command", sorted(MAX_MODEL_WALKS))
+def test_a_session_command_walks_the_model_a_bounded_number_of_times(command: str) -> None:
+    model, opt = _resnet()
+    tm = Session(namespace={"model": model, "optimizer": opt})
+    setup, run = _setups()[command]
+    setup(tm)
+    table = _count_model_walks(model)
+    change = run(tm)
+    assert not change.unchanged and change.action == command
+    assert 1 <= table.walks <= MAX_MODEL_WALKS[command]
+
+
+@pytest.mark.parametrize("command", sorted(MAX_MODEL_WALKS))
+def test_a_magic_walks_the_model_a_bounded_number_of_times(ip, command: str) -> None:
+    model, opt = _resnet()
+    ip.user_ns.update(model=model, optimizer=opt)
+    setup, line = MAGICS[command]
+    with capture_output():
+        if setup is not None:
+            ip.run_line_magic(*setup.split(" ", 1))
+        table = _count_model_walks(model)
+        ip.run_line_magic(*line.split(" ", 1))
+    assert 1 <= table.walks <= MAX_MODEL_WALKS[command]
+    assert DONE[command](model)
+
+
+def test_the_counter_sees_a_whole_model_walk() -> None:
+    """What the counts rest on: torch's own walks pass through the counted table."""
+    model, _ = _resnet()
+    table = _count_model_walks(model)
+    list(model.named_modules())
+    sum(p.numel() for p in model.parameters())
+    model.state_dict()
+    assert table.walks == 3
