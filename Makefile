@@ -5,6 +5,10 @@
 PYTHON := .venv/bin/python
 VENV_STAMP := .venv/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers, one per core of the two-core machines the suite is sized for; each
+# test file runs whole in one worker (its tests keep their order). WORKERS=0 runs in-process.
+WORKERS ?= 2
+PYTEST := $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile
 LINT_PATHS := $(wildcard src tests bench tools examples)
 
 # The floor-version venv of `make test-floor`: torch, torchvision and IPython pinned to the
@@ -19,7 +23,7 @@ TORCH_INDEX ?=
 
 export TORCH_HOME := $(CURDIR)/build/torch_home
 
-.PHONY: venv demo test test-all test-floor lint bench gpu-check ui-check pty-check fuzz
+.PHONY: venv demo test test-slow test-all test-floor lint bench gpu-check ui-check pty-check fuzz
 
 venv: $(VENV_STAMP)
 
@@ -41,10 +45,14 @@ demo: $(VENV_STAMP)
 # The fast tests: under five minutes on two cores. `make test-all` adds the slow ones
 # (the quickstart in a kernel, whole-model sweeps, the undo property test at full size).
 test: $(VENV_STAMP)
-	$(PYTHON) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# Only the slow ones: `.ci/run` runs `make test` (the README's command), then this.
+test-slow: $(VENV_STAMP)
+	$(PYTEST) -m slow $(PYTEST_ARGS)
 
 test-all: $(VENV_STAMP)
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The fast tests against the lowest supported torch/torchvision/IPython, in a venv of its
 # own. Costly the first time (see TORCH_INDEX above); not part of .ci/run for that reason.
