@@ -50,6 +50,16 @@ class ReplaceHeadOptions:
     labels: tuple[str, ...] | None = None
 
 
+def class_names(labels: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The class names as a tuple; a bare string is refused, not read as one name per
+    letter."""
+    if labels is None:
+        return None
+    if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
+        raise TorchMagicError("labels must be a list of class names (strings)", param="labels")
+    return tuple(labels)
+
+
 @dataclass(frozen=True)
 class LoraOptions:
     """What a LoRA layer is made with, as peft's ``LoraConfig`` names it: rank ``r``,

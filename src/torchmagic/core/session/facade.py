@@ -42,6 +42,7 @@ from ..options import (
     ReplaceHeadOptions,
     UnfreezeOptions,
     checked_options,
+    class_names,
 )
 from ..sharding import ShardReport
 from ..surgery import edits
@@ -414,7 +415,7 @@ class Session:
         names the classes in a Hugging Face config; the class count is required unless
         ``labels`` gives it.
         """
-        built = ReplaceHeadOptions(num_classes, dropout, None if labels is None else tuple(labels))
+        built = ReplaceHeadOptions(num_classes, dropout, class_names(labels))
         given = checked_options(options, built)
         return commands.replace_head(
             self, where, given, optimizer=optimizer, dry_run=dry_run, command=command

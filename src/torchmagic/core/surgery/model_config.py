@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..options import class_names
 from .heads import Head
 from .transaction import Transaction
 
@@ -36,10 +37,9 @@ def check_labels(
     model: nn.Module, heads: Sequence[Head], num_classes: int, labels: Sequence[str] | None
 ) -> None:
     """Refuse class names that cannot be stored, before anything changes."""
+    labels = class_names(labels)
     if labels is None:
         return
-    if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
-        raise TorchMagicError("labels must be a list of class names (strings)", param="labels")
     if len(labels) != num_classes:
         raise TorchMagicError(
             f"{len(labels)} labels for {num_classes} classes: give one name per class",
