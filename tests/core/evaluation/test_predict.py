@@ -144,3 +144,25 @@ def test_an_empty_folder_and_an_image_without_transforms(tmp_path, folder):
         session.predict(str(folder / "cat" / "0.png"))
     with pytest.raises(TorchMagicError, match="top must be a positive"):
         session.predict(torch.zeros(192), top=0)
+
+
+def test_a_folder_too_large_or_unreadable_is_one_line(monkeypatch, tmp_path, folder):
+    """A folder is scanned for images up to a bound (``%predict /`` is no disk scan), and a
+    folder that cannot be listed is named in one line."""
+    from torchmagic.core.evaluation import predict
+
+    session = _session(_model(), tf=EVAL)
+    monkeypatch.setattr(predict, "MAX_FILES", 6)  # the folder holds 7 files
+    with pytest.raises(TorchMagicError, match=r"photos holds over 6 files") as info:
+        session.predict(str(folder), transforms="tf")
+    assert info.value.param == "input" and "\n" not in str(info.value)
+    monkeypatch.setattr(predict, "MAX_FILES", 7)
+    assert len(session.predict(str(folder), transforms="tf")) == 6
+
+    def refused(path, onerror=None, **kwargs):
+        onerror(PermissionError(13, "Permission denied", str(tmp_path / "locked")))
+        return iter(())
+
+    monkeypatch.setattr(predict.os, "walk", refused)
+    with pytest.raises(TorchMagicError, match=r"cannot read .*locked: Permission denied"):
+        session.predict(str(folder), transforms="tf")

@@ -70,13 +70,30 @@ def check_options(options: PredictOptions) -> None:
         raise TorchMagicError(f"top must be a positive whole number, got {top!r}", param="top")
 
 
+# A folder to predict on is a folder of images, not a disk: the scan stops here.
+MAX_FILES = 100_000
+
+
 def image_files(folder: Path) -> list[Path]:
-    """The images in ``folder`` and below, sorted (torchvision's image suffixes)."""
+    """The images in ``folder`` and below, sorted (torchvision's image suffixes). A folder
+    that cannot be read, or that holds more than ``MAX_FILES`` files, is refused."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    return sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS
-    )
+    def unreadable(error: OSError) -> None:
+        raise TorchMagicError(f"cannot read {error.filename}: {error.strerror}", param="input")
+
+    found: list[Path] = []
+    seen = 0
+    for parent, _, names in os.walk(folder, onerror=unreadable):
+        seen += len(names)
+        if seen > MAX_FILES:
+            raise TorchMagicError(
+                f"{folder} holds over {MAX_FILES:,} files: give a folder of images "
+                "(for a whole dataset, %evaluate with a DataLoader)",
+                param="input",
+            )
+        found += [Path(parent, n) for n in names if Path(n).suffix.lower() in IMG_EXTENSIONS]
+    return sorted(found)
 
 
 def inputs_of(value: object) -> tuple[list[tuple[str, Any]], bool]:
