@@ -159,6 +159,7 @@ def _unchanged(tm: Session, model: nn.Module, before: dict, opt: torch.optim.Opt
     [
         ({"metric": "f1,bogus"}, "metric", "unknown metric 'bogus'; the metrics are accuracy, f1"),
         ({"metric": ["F1", 3]}, "metric", "unknown metric 3"),
+        ({"metric": "f11"}, "metric", "top5, auroc; did you mean f1?"),
         ({"monitor": "bogus"}, "monitor", "monitor must be one of loss, acc, accuracy, f1"),
         ({"metric": "f1", "val": None}, "metric", "metric f1 is measured on the validation data"),
         ({"export": "best.txt"}, "export", "must end in one of .pt2, .safetensors, .onnx"),

@@ -7,6 +7,7 @@ samples, as ``val_accuracy`` counts); whether a larger value is better is the cl
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,12 +61,19 @@ def metric_names(given: Sequence[str] | str) -> tuple[str, ...]:
             continue
         if name not in METRICS:
             raise TorchMagicError(
-                f"unknown metric {word!r}; the metrics are {', '.join(METRICS)}",
+                f"unknown metric {word!r}; the metrics are {', '.join(METRICS)}"
+                + did_you_mean(name, METRICS),
                 param="metric",
             )
         if name not in names:
             names.append(name)
     return tuple(names)
+
+
+def did_you_mean(word: object, known: Sequence[str]) -> str:
+    """'; did you mean f1?' for a near miss, else nothing."""
+    close = difflib.get_close_matches(str(word), list(known), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def factories(names: Sequence[str]) -> tuple[tuple[str, Callable[[int], Any]], ...]:

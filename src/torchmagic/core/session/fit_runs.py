@@ -207,8 +207,12 @@ def run_metrics(metric: Sequence[str] | str, monitor: str) -> tuple[str, ...]:
     if monitor in BUILT_IN_MONITORS or monitor in measured:
         return measured
     if not isinstance(monitor, str) or monitor not in evaluation_metrics.METRICS:
-        known = ", ".join((*BUILT_IN_MONITORS, *evaluation_metrics.METRICS))
-        raise TorchMagicError(f"monitor must be one of {known}, got {monitor!r}", param="monitor")
+        known = (*BUILT_IN_MONITORS, *evaluation_metrics.METRICS)
+        raise TorchMagicError(
+            f"monitor must be one of {', '.join(known)}, got {monitor!r}"
+            + evaluation_metrics.did_you_mean(monitor, known),
+            param="monitor",
+        )
     return (*measured, monitor)
 
 
