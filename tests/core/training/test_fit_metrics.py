@@ -291,3 +291,27 @@ def test_fine_tune_refuses_a_bad_export_before_freezing(tmp_path):
         tm.fine_tune(train, val=val, epochs=1, export=str(tmp_path / "tuned.pkl"))
     assert all(p.requires_grad for p in model.parameters())
     assert tm.history() == () and tm.fits == []
+
+
+def test_pt2_export_runs_the_best_epochs_weights(tmp_path):
+    model, (train, val) = mlp(), loaders()
+    tm = Session(model, torch.optim.SGD(model.parameters(), lr=0.2))
+    seen = Weights(model)
+    path = tmp_path / "best.pt2"
+    history = tm.fit(
+        train,
+        val=val,
+        epochs=3,
+        metric="f1",
+        monitor="f1",
+        keep_best=True,
+        export=str(path),
+        observer=seen,
+    )
+    assert history.exported is not None and history.exported.format == "pt2"
+    program = torch.export.load(str(path)).module()
+    best = mlp()
+    best.load_state_dict(seen.states[history.best_epoch])
+    x = torch.cat([b[0] for b in val])[:7]  # another batch size than the traced one
+    with torch.no_grad():
+        assert torch.allclose(program(x), best.eval()(x), rtol=0, atol=1e-5)
