@@ -315,3 +315,31 @@ def test_pt2_export_runs_the_best_epochs_weights(tmp_path):
     x = torch.cat([b[0] for b in val])[:7]  # another batch size than the traced one
     with torch.no_grad():
         assert torch.allclose(program(x), best.eval()(x), rtol=0, atol=1e-5)
+
+
+HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def test_metrics_read_no_value_per_validation_batch(monkeypatch):
+    """Updated on the device, read once at the epoch's end: the host reads of a run do not
+    grow with its validation batches (auroc is left out: torchmetrics checks whether its
+    scores are probabilities with one read per batch)."""
+    counts = {"reads": 0}
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            counts["reads"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    x, y = blobs(40, classes=CLASSES)
+    reads = []
+    for batch_size in (20, 2):  # 2 validation batches, then 20
+        model = mlp()
+        tm = Session(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        val = DataLoader(TensorDataset(x, y), batch_size=batch_size)
+        counts["reads"] = 0
+        tm.fit([(x, y)], val=val, metric="accuracy,f1,precision,recall,top5")
+        reads.append(counts["reads"])
+    assert reads[0] == reads[1]
