@@ -343,3 +343,22 @@ def test_metrics_read_no_value_per_validation_batch(monkeypatch):
         tm.fit([(x, y)], val=val, metric="accuracy,f1,precision,recall,top5")
         reads.append(counts["reads"])
     assert reads[0] == reads[1]
+
+
+def test_cached_features_measure_the_same_metrics():
+    """Linear probing on cached features validates the head on the stored features: the
+    metrics are those of the uncached run."""
+    runs = []
+    for cached in (False, True):
+        model, (train, val) = mlp(), loaders()
+        for p in [*model.body.parameters(), *model.mid.parameters()]:
+            p.requires_grad_(False)
+        opt = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+        history = Session(model, opt).fit(
+            train, val=val, epochs=2, metric="f1,auroc", cache_features=cached
+        )
+        runs.append([e.val_metrics for e in history.epochs])
+    for plain, cached in zip(*runs, strict=True):
+        assert plain.keys() == cached.keys() == {"f1", "auroc"}
+        for name in plain:
+            assert cached[name] == pytest.approx(plain[name], abs=1e-6)

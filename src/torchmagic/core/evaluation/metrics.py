@@ -62,7 +62,7 @@ def metric_names(given: Sequence[str] | str) -> tuple[str, ...]:
         if name not in METRICS:
             raise TorchMagicError(
                 f"unknown metric {word!r}; the metrics are {', '.join(METRICS)}"
-                + did_you_mean(name, METRICS),
+                + did_you_mean(name, list(METRICS)),
                 param="metric",
             )
         if name not in names:
