@@ -50,6 +50,10 @@ if TYPE_CHECKING:
     from .facade import Session
 
 
+# Runs that end fine_tune's recipe early and export nothing: Ctrl-C, a non-finite loss.
+BROKEN_OFF = (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS)
+
+
 def fit_plan(
     session: Session,
     train: object,
@@ -256,7 +260,7 @@ def _exported(
     keep_best) exported for inference to ``path`` (replaced), or why not: a run stopped
     by Ctrl-C or a non-finite loss exports nothing, and a refused export leaves the run
     as it is."""
-    if history.stop_reason in STOPS_THE_RECIPE:
+    if history.stop_reason in BROKEN_OFF:
         stopped = (
             "the run was interrupted"
             if history.stop_reason is StopReason.INTERRUPTED
@@ -469,11 +473,11 @@ def fine_tune(
             optimizer=optimizer,
             observer=observer,
         )
-    if options.export is not None and head_fit.stop_reason in STOPS_THE_RECIPE:
+    if options.export is not None and head_fit.stop_reason in BROKEN_OFF:
         head_fit = _exported(session, head_fit, options.export, shape)
         session.fits[-1] = head_fit
     result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
-    if head_fit.stop_reason in STOPS_THE_RECIPE:
+    if head_fit.stop_reason in BROKEN_OFF:
         return result
     top = (
         lr
@@ -511,9 +515,6 @@ def fine_tune(
     )
     record_call(session, target.model, record, before)
     return replace(result, lr=top, unfreeze=unfreeze, full_fit=full_fit)
-
-
-STOPS_THE_RECIPE = (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS)
 
 
 def _one_cycle_steps(schedule: str | None, target: edits.BoundModel, plan: FitPlan) -> int:
