@@ -122,7 +122,11 @@ def test_an_error_is_one_short_line(ip) -> None:
         ("trian_loader", "no variable named 'trian_loader' for train; did you mean train_loader?"),
         ("train_loader --epochs x", "--epochs takes a whole number, got 'x'"),
         ("train_loader --patince 2", "unknown option --patince; did you mean --patience?"),
-        ("train_loader --monitor los", "--monitor takes loss | acc, got 'los'; did you mean loss?"),
+        (
+            "train_loader --monitor los",
+            "--monitor must be one of loss, acc, accuracy, f1, precision, recall, top5, auroc, "
+            "got 'los'; did you mean loss?",
+        ),
         ("train_loader --val", "--val needs VAL_LOADER after it"),
     ):
         with pytest.raises(UsageError) as info:

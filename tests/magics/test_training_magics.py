@@ -4,6 +4,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
+from safetensors.torch import load_file
 
 import torchmagic
 from builders import TRAINING_CELL as SETUP
@@ -115,6 +116,16 @@ def test_fit_shows_progress_and_returns_history(ip):
         ("fit train --max-steps 0", "--max-steps must be at least 1"),
         ("fit a b c", "^one model and one training loader, got 3 words: a b c$"),
         ("fit train --loss nope", "unknown loss"),
+        (
+            "fit train --val val --metric f1,nope",
+            "^--metric: unknown metric 'nope'; the metrics are accuracy, f1, precision, "
+            "recall, top5, auroc$",
+        ),
+        ("fit train --metric f1", "^--metric f1 is measured on the validation data: give --val"),
+        ("fit train --val val --monitor nope", "^--monitor must be one of loss, acc, accuracy"),
+        ("fit train --val val --metric top5", "^--metric top5 needs at least 5 classes"),
+        ("fit train --val val --keep-best --export a.txt", "^--export 'a.txt' must end in one of"),
+        ("fine_tune train --val val --epochs 1 --export a.py", "^--export 'a.py' must end in one"),
     ],
 )
 def test_fit_bad_input(ip, line, fragment):
@@ -125,6 +136,44 @@ def test_fit_bad_input(ip, line, fragment):
         ip.run_line_magic(magic, rest)
     after = list(ip.user_ns["model"].parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_fit_metrics_keep_best_and_export(ip, tmp_path):
+    run(ip, SETUP)
+    path = tmp_path / "best.safetensors"
+    with capture_output():
+        view = run(
+            ip,
+            f"%fit train --val val --epochs 3 --metric f1,auroc --monitor f1 --keep-best "
+            f"--export {path}",
+        )
+    (history,) = view.histories
+    assert history.metrics == ("f1", "auroc") and history.exported.path == str(path)
+    f1 = [e.val_metrics["f1"] for e in history.epochs]
+    assert history.best_epoch == f1.index(max(f1)) + 1
+    written = load_file(path)
+    for key, value in ip.user_ns["model"].state_dict().items():
+        assert torch.equal(written[key], value)
+    text = view._repr_mimebundle_()["text/plain"]
+    assert "val f1" in text and "val auroc" in text and str(path) in text
+    with capture_output() as cap:
+        run(ip, "%tm fits")
+    assert "best val f1" in cap.outputs[0].data["text/plain"]
+
+
+def test_fine_tune_metric_and_export(ip, tmp_path):
+    run(ip, SETUP)
+    path = tmp_path / "tuned.safetensors"
+    with capture_output():
+        view = run(
+            ip,
+            f"%fine_tune train --val val --epochs 2 --metric f1 --keep-best --export {path}",
+        )
+    head, full = view.histories
+    assert head.metrics == full.metrics == ("f1",)
+    assert full.exported is not None and full.best_epoch is not None
+    for key, value in load_file(path).items():
+        assert torch.equal(value, ip.user_ns["model"].state_dict()[key])
 
 
 def test_history_html_has_a_chart_when_matplotlib_is_installed(ip):

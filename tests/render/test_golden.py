@@ -307,6 +307,42 @@ def _fit(label: str = "fit 1", stopped: str | None = None, cached: bool = False)
     )
 
 
+def _metric_epochs(f1: tuple[float, float, float]) -> tuple[EpochMetrics, ...]:
+    lrs = (1e-3,)
+    return tuple(
+        EpochMetrics(
+            i + 1,
+            1.0 - 0.25 * i,
+            0.9 - 0.125 * i,
+            0.5 + 0.125 * i,
+            512,
+            2.0,
+            lrs,
+            val_metrics={"f1": value, "auroc": 0.75 + 0.0625 * i},
+        )
+        for i, value in enumerate(f1)
+    )
+
+
+def _fit_metrics() -> FitHistory:
+    """keep_best by f1 with the weights exported for inference."""
+    exported = InferenceReport(
+        "model", "pt2", "best.pt2", 46_399_488, 3.1e-7, 1e-4, (3, 3, 224, 224), None, None, 0
+    )
+    return FitHistory(
+        "fit 1",
+        "model",
+        _metric_epochs((0.5, 0.8125, 0.75)),
+        steps=24,
+        samples=1536,
+        seconds=6.0,
+        best_epoch=2,
+        metrics=("f1", "auroc"),
+        monitor="f1",
+        exported=exported,
+    )
+
+
 def _devices() -> DeviceReport:
     return DeviceReport(
         devices=(
@@ -645,6 +681,32 @@ CASES: dict[str, Callable[[], object]] = {
         seconds=14.1,
     ),
     "fits": lambda: FitRuns((_fit(), _fit("fit 2", stopped="interrupted"))),
+    "fit_history_metrics": _fit_metrics,
+    "fit_history_not_exported": lambda: FitHistory(
+        "fit 2",
+        "model",
+        _metric_epochs((0.5, 0.25, 0.125))[:2],
+        steps=16,
+        samples=1024,
+        seconds=4.0,
+        stopped="interrupted; the last completed step is 16",
+        metrics=("f1", "auroc"),
+        not_exported="nothing exported to best.safetensors: the run was interrupted",
+    ),
+    "fits_metrics": lambda: FitRuns(
+        (
+            _fit_metrics(),
+            FitHistory(
+                "fit 2",
+                "model",
+                _metric_epochs((0.625, 0.5, 0.5625)),
+                steps=24,
+                samples=1536,
+                seconds=6.0,
+                metrics=("f1", "auroc"),
+            ),
+        )
+    ),
     "fits_empty": lambda: FitRuns(()),
     "amp_off": lambda: AmpStatus(False, None, "cpu", False, None),
     "amp_fp16": lambda: AmpStatus(True, "float16", "cuda", True, 65536.0, "GradScaler created"),

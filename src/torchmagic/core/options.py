@@ -82,9 +82,10 @@ class LoraOptions:
 @dataclass(frozen=True)
 class FitOptions:
     """A training run (see ``Session.fit``): its length, loss, scheduler stepping,
-    gradient accumulation and clipping, and progressive unfreezing (``unfreeze`` blocks,
+    gradient accumulation and clipping, progressive unfreezing (``unfreeze`` blocks,
     paced by ``every`` / ``patience`` on ``monitor``, each at ``lr_ratio`` × the one
-    before)."""
+    before), the ``metric`` names measured on the validation data after each epoch, and
+    ``export``: a path the weights are written to for inference after the run."""
 
     epochs: int = 1
     max_steps: int | None = None
@@ -100,6 +101,8 @@ class FitOptions:
     keep_best: bool = False
     accumulate: int = 1
     clip: float | None = None
+    metric: Sequence[str] | str = ()
+    export: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ class LrFindOptions:
 @dataclass(frozen=True)
 class FineTuneOptions:
     """fastai's recipe (see ``Session.fine_tune``): ``freeze_epochs`` on the head, then
-    ``epochs`` on everything at ``lr`` spread from the body to the head."""
+    ``epochs`` on everything at ``lr`` spread from the body to the head; ``metric`` as
+    in ``FitOptions``, ``keep_best`` (on ``monitor``) and ``export`` for the second run."""
 
     epochs: int
     freeze_epochs: int = 1
@@ -128,6 +132,10 @@ class FineTuneOptions:
     clip: float | None = None
     schedule: str | None = None
     bn: str | None = None
+    metric: Sequence[str] | str = ()
+    monitor: Monitor = "loss"
+    keep_best: bool = False
+    export: str | None = None
 
 
 def changed_fields(

@@ -51,6 +51,31 @@ LOSS = argument(
     metavar="NAME",
     help="cross_entropy, nll, bce, mse, l1, smooth_l1, huber, or a callable variable",
 )
+METRIC = argument(
+    "--metric",
+    default=None,
+    metavar="NAME[,NAME]",
+    help="torchmetrics on the validation data after each epoch: accuracy, f1, precision, "
+    "recall, top5, auroc",
+)
+MONITOR = argument(
+    "--monitor",
+    default="loss",
+    metavar="NAME",
+    help="what --keep-best, --patience and --early-stop follow: loss, acc or a --metric name",
+)
+KEEP_BEST = argument(
+    "--keep-best",
+    action="store_true",
+    help="load the best epoch's weights back at the end (one host copy of the weights)",
+)
+EXPORT = argument(
+    "--export",
+    default=None,
+    metavar="PATH",
+    help="after the run, export the weights the model holds (the best epoch's with "
+    "--keep-best) for inference: .pt2, .safetensors or .onnx",
+)
 
 
 @magics_class
@@ -177,22 +202,15 @@ class TrainingMagics(TopicMagics):
         metavar="R",
         help="each unfrozen block's base lr: R x the previous one's (the first: R x the head's)",
     )
-    @argument(
-        "--monitor",
-        choices=("loss", "acc"),
-        default="loss",
-        help="the validation metric --patience and --early-stop watch",
-    )
+    @MONITOR
     @argument(
         "--early-stop",
         action="store_true",
         help="stop when the last block is unfrozen and the metric stalls for P more epochs",
     )
-    @argument(
-        "--keep-best",
-        action="store_true",
-        help="load the best epoch's weights back at the end (one host copy of the weights)",
-    )
+    @KEEP_BEST
+    @METRIC
+    @EXPORT
     @ACCUM
     @CLIP
     @OPT
@@ -201,7 +219,9 @@ class TrainingMagics(TopicMagics):
         """Train with the model's optimizer, its schedulers (OneCycleLR, CyclicLR, Hugging
         Face warmups and timm's step_update per batch, others per epoch, ReduceLROnPlateau
         on the validation loss) and the %amp policy, with live progress; returns the
-        history and keeps it for %tm fits."""
+        history and keeps it for %tm fits. --metric measures torchmetrics metrics on the
+        validation data after each epoch; --export writes the weights for inference after
+        the run."""
         args = parse(self.fit, line)
 
         def run(progress: Progress) -> object:
@@ -221,6 +241,8 @@ class TrainingMagics(TopicMagics):
                 keep_best=args.keep_best,
                 accumulate=args.accumulate,
                 clip=args.clip,
+                metric=args.metric or (),
+                export=args.export,
             )
             return self.session.fit(
                 train,
@@ -303,6 +325,10 @@ class TrainingMagics(TopicMagics):
         help="the frozen body's BatchNorm in the head phase (train: fastai's train_bn; "
         "default: the session's policy)",
     )
+    @METRIC
+    @MONITOR
+    @KEEP_BEST
+    @EXPORT
     @ACCUM
     @CLIP
     @LOSS
@@ -312,7 +338,8 @@ class TrainingMagics(TopicMagics):
         """fastai's recipe as the session's own commands, each in the history: freeze all
         but the head (--bn for its BatchNorm), fit --freeze-epochs, unfreeze every block at
         lr=X/100:X, fit --epochs; --schedule one-cycle runs each fit under its own
-        OneCycleLR."""
+        OneCycleLR. --metric is measured in both fits, --keep-best keeps the second one's
+        best epoch, --export writes the weights for inference at the end."""
         args = parse(self.fine_tune, line)
 
         def run(progress: Progress) -> object:
@@ -331,6 +358,10 @@ class TrainingMagics(TopicMagics):
                 clip=args.clip,
                 schedule=args.schedule,
                 bn=args.bn,
+                metric=args.metric or (),
+                monitor=args.monitor,
+                keep_best=args.keep_best,
+                export=args.export,
             )
 
         return self._shown(self.fine_tune, run)

@@ -16,7 +16,7 @@ from ..core.training.amp import AmpStatus
 from ..core.training.fit_events import EpochMetrics, FitHistory, StepInfo
 from ..core.training.progressive import Unfrozen
 from . import chart, theme
-from .base import Rendered, human, lr, share, table
+from .base import Rendered, human, human_bytes, lr, share, table
 
 SIGNIFICANT = 4  # digits of a loss; a column's smallest value keeps that many
 MAX_DECIMALS = 6
@@ -60,6 +60,21 @@ def _pct(value: float | None) -> str:
     return "" if value is None else share(100 * value)
 
 
+METRIC_DECIMALS = 4  # a named metric (f1, auroc…): a value between 0 and 1
+
+
+def metric_names(epochs: Iterable[EpochMetrics]) -> list[str]:
+    """The named metrics measured in ``epochs``, in the order the run measured them."""
+    names: dict[str, None] = {}
+    for m in epochs:
+        names.update(dict.fromkeys(m.val_metrics))
+    return list(names)
+
+
+def _metric(value: float | None) -> str:
+    return "" if value is None else f"{value:.{METRIC_DECIMALS}f}"
+
+
 def group_names(snapshot: StepInfo | EpochMetrics) -> tuple[str, ...]:
     """Labels for ``snapshot.lrs``: the loop's group names when it sends them (a
     ``groups`` field parallel to ``lrs``), else "group i" by position."""
@@ -101,6 +116,7 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
     samples/s, then time, as it hides the least important columns of every table. Each
     column's numbers share their decimals, lrs their format."""
     validated = any(m.val_loss is not None or m.val_accuracy is not None for m in epochs)
+    measured = metric_names(epochs)
     per_group = any(len(set(m.lrs)) > 1 for m in epochs)
     widest = max(epochs, key=lambda m: len(m.lrs)) if epochs else None
     names = group_names(widest) if widest is not None else ()
@@ -111,6 +127,7 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
         "epoch",
         "train loss",
         *(["val loss", "val acc"] if validated else []),
+        *(f"val {name}" for name in measured),
         f"lr {names[head]}" if per_group else "lr",
         "time (s)",
         "samples/s",
@@ -126,6 +143,7 @@ def epoch_table(epochs: Sequence[EpochMetrics], title: str = "") -> Table:
             str(m.epoch),
             train_loss,
             *([val_loss, _pct(m.val_accuracy)] if validated else []),
+            *(_metric(m.val_metrics.get(name)) for name in measured),
             _lr_cell(m.lrs, head_position(m) if per_group else 0),
             f"{m.seconds:.1f}",
             human(rate),
@@ -225,9 +243,35 @@ def _history_parts(history: FitHistory) -> list[RenderableType]:
     parts.append(Text(schedules_text(history), style=theme.style("dim")))
     parts.extend(Text(unfrozen_text(e), style=theme.style("info")) for e in history.unfreezes)
     if history.best_epoch is not None:
-        parts.append(Text(f"weights of the best epoch ({history.best_epoch}) kept"))
+        by = "" if history.monitor is None else f" by {_monitor_text(history.monitor)}"
+        parts.append(Text(f"weights of the best epoch{by} ({history.best_epoch}) kept"))
+    if history.exported is not None:
+        parts.append(Text(_exported_text(history), style=theme.style("ok")))
+    if history.not_exported is not None:
+        parts.append(Text(history.not_exported, style=theme.style("warning")))
     parts.append(_ending(history))
     return parts
+
+
+def _monitor_text(monitor: str) -> str:
+    return {"loss": "val loss", "acc": "val accuracy"}.get(monitor, f"val {monitor}")
+
+
+def _exported_text(history: FitHistory) -> str:
+    """Which weights went where, and how well the file matched the live model."""
+    report = history.exported
+    assert report is not None
+    epoch = history.best_epoch or (history.epochs[-1].epoch if history.epochs else None)
+    which = "the best epoch's" if history.best_epoch is not None else "the last epoch's"
+    matched = (
+        "not read back (no onnxruntime)"
+        if report.max_difference is None
+        else f"read back within {report.max_difference:.1e} of the live model"
+    )
+    return (
+        f"exported {which} weights (epoch {epoch}) to {report.path} "
+        f"({human_bytes(report.nbytes)}); {matched}"
+    )
 
 
 def fine_tune_runs(
@@ -262,6 +306,17 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
         ("train loss", numbers([m.train_loss if m else None for m in last])),
         ("val loss", numbers([m.val_loss if m else None for m in last])),
         ("val acc", [_pct(m.val_accuracy) if m else "" for m in last]),
+        *(
+            (f"val {name}", [_metric(m.val_metrics.get(name)) if m else "" for m in last])
+            for name in metric_names(m for m in last if m is not None)
+        ),
+        *(
+            (
+                f"best val {name}",
+                [_best(h, name) for h in histories],
+            )
+            for name in metric_names(m for h in histories for m in h.epochs)
+        ),
         ("samples/s", [human(h.samples_per_s) for h in histories]),
         ("time (s)", [f"{h.seconds:.1f}" for h in histories]),
         ("precision", [h.precision for h in histories]),
@@ -274,6 +329,16 @@ def fits(histories: Sequence[FitHistory], width: int | None = None) -> HistoryVi
     for label, values in rows:
         drawn.add_row(label, *values)
     return HistoryView(drawn, histories, width)
+
+
+def _best(history: FitHistory, name: str) -> str:
+    """The run's best value of a named metric and its epoch (larger is better for every
+    metric a run can name)."""
+    values = [(m.val_metrics[name], m.epoch) for m in history.epochs if name in m.val_metrics]
+    if not values:
+        return ""
+    value, epoch = max(values, key=lambda pair: (pair[0], -pair[1]))
+    return f"{_metric(value)} (epoch {epoch})"
 
 
 def amp_status(status: AmpStatus, width: int | None = None) -> Rendered:

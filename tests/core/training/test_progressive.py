@@ -208,7 +208,7 @@ def test_monitor_acc_without_an_accuracy_stops_with_a_reason():
         ({"unfreeze": ["b3"], "patience": 2, "val": None}, "val"),
         ({"unfreeze": ["b3"], "every": 1, "keep_best": True, "val": None}, "val"),
         ({"unfreeze": ["b3"], "every": 1, "lr_ratio": 0}, "lr_ratio"),
-        ({"unfreeze": ["b3"], "every": 1, "monitor": "f1"}, "monitor"),
+        ({"unfreeze": ["b3"], "every": 1, "monitor": "bogus"}, "monitor"),
         ({"unfreeze": ["nope"], "every": 1}, None),
         ({"unfreeze": ["fc"], "every": 1}, "unfreeze"),  # already trainable
         ({"unfreeze": ["b3", "b3"], "every": 1}, "unfreeze"),

@@ -20,6 +20,7 @@ from ..errors import TorchMagicError
 from ..training.amp import AmpController
 from .compare import Comparison, compare, fingerprint
 from .losses import per_sample
+from .metrics import top_k_accuracy
 from .running import batches, frozen_state
 from .samples import WorstHeap, WorstSample
 
@@ -165,8 +166,6 @@ def _losses(
 
 def evaluate(plan: EvaluationPlan) -> Evaluation:
     """One pass over ``plan.data``; the model and every random state as before."""
-    from torchmetrics.classification import MulticlassAccuracy  # lazily: heavy import
-
     options = plan.options
     heap = WorstHeap(options.worst) if options.worst else None
     losses = per_sample(plan.loss_fn)
@@ -181,9 +180,7 @@ def evaluate(plan: EvaluationPlan) -> Evaluation:
                 _check_batch(output, targets, options.top)
                 classes = output.shape[1]
                 if options.top is not None:
-                    top_k = MulticlassAccuracy(classes, top_k=options.top, average="micro").to(
-                        plan.device
-                    )
+                    top_k = top_k_accuracy(classes, options.top).to(plan.device)
             scores = output.float()
             pred = scores.argmax(dim=1)
             each = _losses(plan.loss_fn, losses, scores, targets, heap is not None)

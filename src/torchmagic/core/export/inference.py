@@ -154,6 +154,28 @@ def _one_line(exc: BaseException) -> str:
     return first if len(first) <= 160 else first[:157] + "..."
 
 
+def check_export(
+    model: nn.Module, name: str, loaded: LoadedModel | None, suffix: str, options: ExportOptions
+) -> None:
+    """Refuse what :func:`export` would refuse before it writes, without running the
+    model: a tolerance below 0, a format whose packages are missing, an input that
+    cannot be told."""
+    if not options.tolerance >= 0:
+        raise TorchMagicError(
+            f"tolerance={options.tolerance:g}: the largest difference allowed, 0 or more",
+            param="tolerance",
+        )
+    formats.check_ready(suffix)
+    _probe(unwrap(model), name, _still_loaded(model, loaded), options.input_shape)
+
+
+def _still_loaded(model: nn.Module, loaded: LoadedModel | None) -> LoadedModel | None:
+    """What ``load_model`` gave, unless the variable was rebound since."""
+    if loaded is not None and unwrap(loaded.model) is not unwrap(model):
+        return None
+    return loaded
+
+
 def export(
     model: nn.Module,
     name: str,
@@ -167,15 +189,9 @@ def export(
     """Write ``model`` for inference to ``path`` in the format of ``suffix`` (checked by
     ``files.destination``), verified against the live model (see the module's docstring).
     ``labels``: the class names the session keeps for it."""
-    if not options.tolerance >= 0:
-        raise TorchMagicError(
-            f"tolerance={options.tolerance:g}: the largest difference allowed, 0 or more",
-            param="tolerance",
-        )
-    formats.check_ready(suffix)
+    check_export(model, name, loaded, suffix, options)
     kind = formats.FORMATS[suffix]
-    if loaded is not None and unwrap(loaded.model) is not unwrap(model):
-        loaded = None  # the variable was rebound since load_model
+    loaded = _still_loaded(model, loaded)
     probe = _probe(unwrap(model), name, loaded, options.input_shape)
     twin = inference_copy(model)
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)

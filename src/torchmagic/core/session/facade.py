@@ -510,6 +510,8 @@ class Session:
         keep_best: bool = FitOptions.keep_best,
         accumulate: int = FitOptions.accumulate,
         clip: float | None = FitOptions.clip,
+        metric: Sequence[str] | str = FitOptions.metric,
+        export: str | None = FitOptions.export,
         options: FitOptions | None = None,
     ) -> FitHistory:
         """Train the (current) model on ``train`` with its optimizer, its schedulers and
@@ -526,12 +528,20 @@ class Session:
         Progressive unfreezing (see ``core.training.progressive``): ``unfreeze`` lists
         blocks (target grammar, or one comma-separated string) unfrozen one at a time,
         every ``every`` epochs or after ``patience`` epochs without improvement of the
-        validation ``monitor`` ("loss" or "acc"), the k-th at the base lr of the one
-        before × ``lr_ratio`` (the first: the head group's × ``lr_ratio``), each through
-        :meth:`unfreeze` (a history entry). ``early_stop`` ends the run when the last
-        block is unfrozen and the metric stalls for ``patience`` (else ``every``) more
+        validation ``monitor`` ("loss", "acc" or a metric's name), the k-th at the base lr
+        of the one before × ``lr_ratio`` (the first: the head group's × ``lr_ratio``), each
+        through :meth:`unfreeze` (a history entry). ``early_stop`` ends the run when the
+        last block is unfrozen and the metric stalls for ``patience`` (else ``every``) more
         epochs; ``keep_best`` loads the best epoch's weights back at the end (one host
         copy of the ``state_dict``).
+
+        ``metric``: torchmetrics classification metrics by name (accuracy, f1, precision,
+        recall, top5, auroc; a list or "f1,auroc") measured on ``val`` after each epoch,
+        kept in each epoch's ``val_metrics``; ``monitor`` may name one (larger is better).
+        ``export``: a ``.pt2`` / ``.safetensors`` / ``.onnx`` path the weights the model
+        holds after the run (with ``keep_best``: the best epoch's) are exported to, as
+        :meth:`export` does (the file is replaced; the path and the model's input are
+        checked before the run).
         """
         built = FitOptions(
             epochs,
@@ -548,6 +558,8 @@ class Session:
             keep_best,
             accumulate,
             clip,
+            metric,
+            export,
         )
         return fit_runs.fit(
             self,
@@ -623,6 +635,10 @@ class Session:
         clip: float | None = FineTuneOptions.clip,
         schedule: str | None = FineTuneOptions.schedule,
         bn: str | None = FineTuneOptions.bn,
+        metric: Sequence[str] | str = FineTuneOptions.metric,
+        monitor: Monitor = FineTuneOptions.monitor,
+        keep_best: bool = FineTuneOptions.keep_best,
+        export: str | None = FineTuneOptions.export,
     ) -> FineTuneResult:
         """fastai's ``fine_tune`` as four of the session's own commands, each in the
         history: ``freeze(model, exclude=[head], bn=bn)``, ``fit(epochs=freeze_epochs)``,
@@ -634,9 +650,25 @@ class Session:
         ``schedule="one-cycle"``: each run under a fresh OneCycleLR over the optimizer
         (fastai's conventions: head phase pct_start 0.99 and div 25, unfrozen phase 0.3
         and div 5, each group peaking at its base lr); refused while another scheduler is
-        bound to the optimizer. After each run every group's lr is its base lr again."""
+        bound to the optimizer. After each run every group's lr is its base lr again.
+
+        ``metric`` as in :meth:`fit`, for both runs; ``keep_best`` (on ``monitor``) keeps
+        the best epoch of the second run; ``export`` writes the weights the model holds
+        at the end (the best epoch's with ``keep_best``) for inference, as in :meth:`fit`."""
         options = FineTuneOptions(
-            epochs, freeze_epochs, lr, loss, sched_step, accumulate, clip, schedule, bn
+            epochs,
+            freeze_epochs,
+            lr,
+            loss,
+            sched_step,
+            accumulate,
+            clip,
+            schedule,
+            bn,
+            metric,
+            monitor,
+            keep_best,
+            export,
         )
         return fit_runs.fine_tune(
             self,

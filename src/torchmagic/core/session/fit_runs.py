@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -18,6 +18,9 @@ from torch import nn
 from ..advice import Option
 from ..choices import SCHEDULES
 from ..errors import TorchMagicError
+from ..evaluation import metrics as evaluation_metrics
+from ..export import InferenceReport
+from ..modules import unwrap
 from ..numbers import short
 from ..options import FineTuneOptions, FitOptions, LrFindOptions, changed_fields
 from ..surgery import edits, heads, scheduler_sync
@@ -27,9 +30,9 @@ from ..training.amp import Accumulation
 from ..training.counts import check_ceiling
 from ..training.fit import fit as run_fit
 from ..training.fit_events import FitHistory, FitObserver, StopReason, report_progress
-from ..training.fit_plan import FitPlan, check_plan, resolve_loss
+from ..training.fit_plan import FitPlan, check_plan, input_shape, resolve_loss
 from ..training.lr_find import LrFindResult, check_range, find_lr
-from ..training.progressive import Pacing, check_pacing
+from ..training.progressive import BUILT_IN_MONITORS, Pacing, check_pacing
 from ..training.recipe import (
     HEAD_PHASE,
     UNFROZEN_PHASE,
@@ -38,13 +41,17 @@ from ..training.recipe import (
     fine_tune_blocks,
     one_cycle_phase,
 )
-from . import names, shared
+from . import names, save_load, shared
 from .commands import call, checked_bn
 from .hardware import check_placement
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
     from .facade import Session
+
+
+# Runs that end fine_tune's recipe early and export nothing: Ctrl-C, a non-finite loss.
+BROKEN_OFF = (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS)
 
 
 def fit_plan(
@@ -136,6 +143,13 @@ def fit(
     plan.epochs, plan.max_steps = options.epochs, options.max_steps
     plan.cache_features, plan.sched_step = options.cache_features, options.sched_step
     plan.accumulate, plan.clip = options.accumulate, options.clip
+    measured = run_metrics(options.metric, options.monitor)
+    _check_metrics(target.model, measured, plan.val is not None)
+    plan.metrics = evaluation_metrics.factories(measured)
+    shape = None
+    if options.export is not None:
+        shape = input_shape(plan.val if plan.val is not None else plan.train)
+        save_load.check_inference_export(session, options.export, target.model_name, shape)
     unfreeze = options.unfreeze
     blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
     blocks = [b.strip() for b in blocks if b.strip()]
@@ -147,6 +161,7 @@ def fit(
         options.monitor,
         options.early_stop,
         options.keep_best,
+        _rising(options.monitor),
     )
     if (
         blocks
@@ -157,11 +172,15 @@ def fit(
     ):
         plan.pacing = _pacing(session, target, plan, pacing, optimizer)
     elif options.monitor != "loss":
-        check_pacing(Pacing(monitor=options.monitor), plan.val is not None, options.cache_features)
+        check_pacing(
+            Pacing(monitor=options.monitor), plan.val is not None, options.cache_features, measured
+        )
     if observer is not None:
         plan.observer = observer
     before = _newest_command(session, target.model)
     history = run_fit(plan)
+    if options.export is not None:
+        history = _exported(session, history, options.export, shape)
     session.fits.append(history)
     workspace = session.workspace
     workspace.current = target.model_name
@@ -170,6 +189,7 @@ def fit(
         loss=_named_loss(options.loss),
         unfreeze=tuple(blocks),
         lr_ratio=options.lr_ratio if plan.pacing is not None else FitOptions.lr_ratio,
+        metric=measured,
     )
     record = Replay(
         "fit",
@@ -182,6 +202,77 @@ def fit(
     )
     record_call(session, target.model, record, before)
     return history
+
+
+def run_metrics(metric: Sequence[str] | str, monitor: str) -> tuple[str, ...]:
+    """The metrics a run measures: those named, and the monitored one when it is a
+    metric (``f1``) rather than the loss or ``acc``; unknown names refused in one line."""
+    measured = evaluation_metrics.metric_names(metric)
+    if monitor in BUILT_IN_MONITORS or monitor in measured:
+        return measured
+    if not isinstance(monitor, str) or monitor not in evaluation_metrics.METRICS:
+        known = (*BUILT_IN_MONITORS, *evaluation_metrics.METRICS)
+        raise TorchMagicError(
+            f"monitor must be one of {', '.join(known)}, got {monitor!r}"
+            + evaluation_metrics.did_you_mean(monitor, known),
+            param="monitor",
+        )
+    return (*measured, monitor)
+
+
+def _rising(monitor: str) -> bool | None:
+    """Whether a larger value of a monitored metric is better (None: the loss or acc)."""
+    if monitor in BUILT_IN_MONITORS:
+        return None
+    return evaluation_metrics.higher_is_better(monitor)
+
+
+def _check_metrics(model: nn.Module, measured: tuple[str, ...], has_val: bool) -> None:
+    """Metrics need validation data, and top-k accuracy at least k classes where the
+    model's head tells how many it has."""
+    if not measured:
+        return
+    if not has_val:
+        raise TorchMagicError(
+            (
+                f"metric {','.join(measured)} is measured on the validation data: give ",
+                Option("val", "LOADER"),
+            ),
+            param="metric",
+        )
+    try:
+        classes = getattr(heads.find_head(unwrap(model)).module, "out_features", None)
+    except TorchMagicError:
+        return
+    for name in measured:
+        k = evaluation_metrics.top_k(name)
+        if isinstance(classes, int) and k > classes:
+            raise TorchMagicError(
+                f"metric {name} needs at least {k} classes; the head of the model has {classes}",
+                param="metric",
+            )
+
+
+def _exported(
+    session: Session, history: FitHistory, path: str, shape: tuple[int, ...] | None
+) -> FitHistory:
+    """The run's history with the weights the model holds now (the best epoch's with
+    keep_best) exported for inference to ``path`` (replaced), or why not: a run stopped
+    by Ctrl-C or a non-finite loss exports nothing, and a refused export leaves the run
+    as it is."""
+    if history.stop_reason in BROKEN_OFF:
+        stopped = (
+            "the run was interrupted"
+            if history.stop_reason is StopReason.INTERRUPTED
+            else "the loss was not finite"
+        )
+        return replace(history, not_exported=f"nothing exported to {path}: {stopped}")
+    try:
+        report = session.export(path, history.model_name, force=True, input_shape=shape)
+    except TorchMagicError as error:
+        return replace(history, not_exported=f"nothing exported to {path}: {error}")
+    assert isinstance(report, InferenceReport)
+    return replace(history, exported=report)
 
 
 def _named_loss(loss: str | Callable) -> str | Callable:
@@ -232,7 +323,8 @@ def _pacing(
     """``pacing`` with the session's hooks, after checking every block: it names
     modules of the model, holds frozen parameters no earlier block takes, and a dry
     run of its unfreeze passes (schedulers followable…)."""
-    check_pacing(pacing, plan.val is not None, plan.cache_features)
+    measured = tuple(metric for metric, _ in plan.metrics)
+    check_pacing(pacing, plan.val is not None, plan.cache_features, measured)
     name = target.model_name
 
     def head_base_lr() -> float:
@@ -340,6 +432,18 @@ def fine_tune(
     )
     plan.accumulate, plan.clip = options.accumulate, options.clip
     check_plan(plan)
+    measured = run_metrics(options.metric, options.monitor)
+    _check_metrics(target.model, measured, plan.val is not None)
+    if options.keep_best or options.monitor != FineTuneOptions.monitor:
+        check_pacing(
+            Pacing(monitor=options.monitor, keep_best=options.keep_best),
+            plan.val is not None,
+            False,
+            measured,
+        )
+    if options.export is not None:
+        shape = input_shape(plan.val if plan.val is not None else plan.train)
+        save_load.check_inference_export(session, options.export, target.model_name, shape)
     steps_per_epoch = _one_cycle_steps(schedule, target, plan)
     name = target.model_name
     head = heads.find_head(target.model).name
@@ -353,6 +457,7 @@ def fine_tune(
         sched_step=options.sched_step,
         accumulate=options.accumulate,
         clip=options.clip,
+        metric=measured,
     )
     opt = target.optimizer
     assert opt is not None
@@ -368,8 +473,11 @@ def fine_tune(
             optimizer=optimizer,
             observer=observer,
         )
+    if options.export is not None and head_fit.stop_reason in BROKEN_OFF:
+        head_fit = _exported(session, head_fit, options.export, shape)
+        session.fits[-1] = head_fit
     result = FineTuneResult(name, 0.0, blocks, freeze, head_fit, schedule=schedule, bn=bn)
-    if head_fit.stop_reason in (StopReason.INTERRUPTED, StopReason.NON_FINITE_LOSS):
+    if head_fit.stop_reason in BROKEN_OFF:
         return result
     top = (
         lr
@@ -383,13 +491,19 @@ def fine_tune(
             train,
             model=name,
             val=val,
-            options=replace(run, epochs=epochs),
+            options=replace(
+                run,
+                epochs=epochs,
+                monitor=options.monitor,
+                keep_best=options.keep_best,
+                export=options.export,
+            ),
             optimizer=optimizer,
             observer=observer,
         )
     # the whole recipe ran: export it as one call, not as its four commands
     del session._fit_calls[fits_before:]
-    recorded = replace(options, loss=_named_loss(options.loss))
+    recorded = replace(options, loss=_named_loss(options.loss), metric=measured)
     record = Replay(
         "fine_tune",
         (),

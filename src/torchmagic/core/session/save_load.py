@@ -20,7 +20,7 @@ from ..advice import spelled
 from ..checkpoint import ResumeReport, SaveReport
 from ..checkpoint.provenance import zoo_call
 from ..errors import TorchMagicError
-from ..export import ExportOptions, ExportReport, InferenceReport, files, inference
+from ..export import ExportOptions, ExportReport, InferenceReport, files, formats, inference
 from ..export.script import python_call
 from ..export.script import script as write_script
 from ..export.script import write as write_text
@@ -147,6 +147,39 @@ def _replay_call(session: Session, target: edits.BoundModel, call: Replay, comma
         exclude = [f"{name}.{p}" for p in options.pop("exclude", ())]
         method = session.freeze if call.method == "freeze" else session.unfreeze
         method(*on_model(call.targets), exclude=exclude, optimizer=opt, command=command, **options)
+
+
+def _suffix(path: str | os.PathLike) -> str:
+    return os.path.splitext(os.fspath(path))[1].lower()
+
+
+def check_inference_export(
+    session: Session, path: object, model: str | None, input_shape: tuple[int, ...] | None
+) -> None:
+    """Refuse, before a run (``fit(export=...)``), an inference export it could not write
+    after: a suffix other than an inference format's, a missing folder, a format whose
+    packages are missing, a model whose input cannot be told (``input_shape``: one
+    batch's, from the run's data). The file is replaced."""
+    if not isinstance(path, (str, os.PathLike)) or _suffix(path) not in formats.FORMATS:
+        raise TorchMagicError(
+            f"export={path!r} must end in one of {', '.join(formats.FORMATS)} (the model "
+            "for inference)",
+            param="export",
+        )
+    target = session.bound(model, reading=True)
+    try:
+        files.destination(path, force=True)
+        loaded = session.loaded.get(target.model_name)
+        options = ExportOptions(input_shape=input_shape)
+        inference.check_export(target.model, target.model_name, loaded, _suffix(path), options)
+    except TorchMagicError as error:
+        if error.param != "input_shape":
+            raise TorchMagicError(error.advice, param="export") from None
+        raise TorchMagicError(
+            f"cannot tell what input '{target.model_name}' takes, so an export could not be "
+            "checked: leave export out and export after the run, giving one batch's shape",
+            param="export",
+        ) from None
 
 
 def export(

@@ -41,12 +41,34 @@ def _accuracy_hits(output: Any, targets: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def _score(pairs: Iterable[tuple[Any, torch.Tensor]], loss_fn: Callable):
-    """(mean loss, accuracy or None) over (output, targets) pairs, summed on the device
-    and read once at the end."""
+Scores = tuple[float | None, float | None, dict[str, float]]  # loss, accuracy, metrics
+MetricFactories = tuple[tuple[str, Callable[[int], Any]], ...]
+
+
+def _metrics_for(output: Any, targets: torch.Tensor, factories: MetricFactories) -> dict:
+    """The torchmetrics metrics of a run, built on its first validation batch (their
+    class count is the output's): none when the outputs are not class scores ``(N, C)``
+    with integer targets, and none that torchmetrics refuses for that count."""
+    if not factories or _accuracy_hits(output, targets) is None:
+        return {}
+    built = {}
+    for name, factory in factories:
+        try:
+            built[name] = factory(output.shape[1]).to(output.device)
+        except ValueError:  # e.g. top-5 accuracy over fewer than 5 classes
+            continue
+    return built
+
+
+def _score(
+    pairs: Iterable[tuple[Any, torch.Tensor]], loss_fn: Callable, factories: MetricFactories = ()
+) -> Scores:
+    """(mean loss, accuracy or None, the named metrics) over (output, targets) pairs,
+    summed on the device and read once at the end."""
     total: torch.Tensor | float = 0.0
     hits: torch.Tensor | int = 0
     seen, counted = 0, True
+    metrics: dict[str, Any] | None = None
     for output, targets in pairs:
         total = total + loss_fn(output, targets).detach().float() * len(targets)
         batch_hits = _accuracy_hits(output, targets) if counted else None
@@ -54,10 +76,16 @@ def _score(pairs: Iterable[tuple[Any, torch.Tensor]], loss_fn: Callable):
             counted = False
         else:
             hits = hits + batch_hits
+        if metrics is None:
+            metrics = _metrics_for(output, targets, factories)
+        if counted:
+            for metric in metrics.values():
+                metric.update(output.detach().float(), targets)
         seen += len(targets)
     if not seen:
-        return None, None
-    return float(total) / seen, (float(hits) / seen if counted else None)
+        return None, None, {}
+    values = {name: float(m.compute()) for name, m in (metrics or {}).items()} if counted else {}
+    return float(total) / seen, (float(hits) / seen if counted else None), values
 
 
 def _non_blocking(loader: Iterable, device: torch.device) -> bool:
@@ -92,10 +120,10 @@ class LoaderBatches:
             self.wait_s += _wait_clock() - start
             yield plan.model, inputs, targets
 
-    def validate(self) -> tuple[float | None, float | None]:
+    def validate(self) -> Scores:
         plan = self.plan
         if plan.val is None:
-            return None, None
+            return None, None, {}
         non_blocking = _non_blocking(plan.val, plan.device)
 
         def pairs() -> Iterator[tuple[Any, torch.Tensor]]:
@@ -107,7 +135,7 @@ class LoaderBatches:
                 yield output, to_device(targets, plan.device, non_blocking)
 
         with module_mode(plan.model, training=False), torch.no_grad():
-            return _score(pairs(), plan.loss_fn)
+            return _score(pairs(), plan.loss_fn, plan.metrics)
 
 
 class CachedFeatureBatches:
@@ -167,10 +195,10 @@ class CachedFeatureBatches:
                 self.wait_s += _wait_clock() - start
                 yield self.head.module, feats, targets
 
-    def validate(self) -> tuple[float | None, float | None]:
+    def validate(self) -> Scores:
         plan = self.plan
         if plan.val is None:
-            return None, None
+            return None, None, {}
         if self.val_features is not None:
             # the uncached run would iterate the loader: draw the same random numbers
             next_epoch_indices(plan.val)  # type: ignore[arg-type]
@@ -183,7 +211,7 @@ class CachedFeatureBatches:
         head = self.head.module
         with module_mode(head, training=False), torch.no_grad(), plan.amp.autocast():
             pairs = ((main_output(head(f)), t) for f, t in self.val_features)
-            return _score(pairs, plan.loss_fn)
+            return _score(pairs, plan.loss_fn, plan.metrics)
 
 
 def batch_source(plan: FitPlan) -> LoaderBatches | CachedFeatureBatches:

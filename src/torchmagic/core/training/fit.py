@@ -293,12 +293,13 @@ class _Trainer:
         train_loss = self.ledger.epoch_loss
         trained_lrs = tuple(float(lr) for lr in self.trained_lrs)
         val_loss = val_acc = None
+        val_metrics: dict[str, float] = {}
         if self.stop is not StopReason.NON_FINITE_LOSS:
             announce = getattr(self.plan.observer, "on_validation_start", None)
             if self.plan.val is not None and announce is not None:  # optional for observers
                 batches = len(self.plan.val) if isinstance(self.plan.val, Sized) else None
                 announce(epoch + 1, batches)
-            val_loss, val_acc = self.source.validate()
+            val_loss, val_acc, val_metrics = self.source.validate()
             if run.complete:
                 self.schedule.after_epoch(val_loss if val_loss is not None else train_loss)
         return EpochMetrics(
@@ -311,6 +312,7 @@ class _Trainer:
             trained_lrs,
             self._group_names(),
             self._head_position(),
+            val_metrics,
         )
 
     def _pace(self, metrics: EpochMetrics) -> None:
@@ -319,14 +321,15 @@ class _Trainer:
         pacer, plan = self.pacer, self.plan
         if pacer is None:
             return
-        value = pacer.metric(metrics.val_loss, metrics.val_accuracy)
+        value = pacer.metric(metrics)
         if value is None and pacer.pacing.needs_validation:
-            what = "an accuracy" if pacer.pacing.monitor == "acc" else "a loss"
+            monitor = pacer.pacing.monitor
+            what = {"loss": "a loss", "acc": "an accuracy"}.get(monitor, f"a value of {monitor}")
             self._stopping(
                 StopReason.NO_METRIC,
-                f"monitor={pacer.pacing.monitor!r} but the validation data gives no {what} "
-                f"(accuracy needs class scores of shape (N, C) and integer targets); stopped "
-                f"after epoch {metrics.epoch}",
+                f"monitor={monitor!r} but the validation data gives no {what} "
+                f"(classification metrics need class scores of shape (N, C) and integer "
+                f"targets); stopped after epoch {metrics.epoch}",
             )
             return
         if pacer.observe(metrics.epoch, value) and self.best is not None:
@@ -413,6 +416,8 @@ class _Trainer:
             wall_s=self.train_seconds,
             accumulate=plan.accumulate,
             clip=plan.clip,
+            metrics=tuple(name for name, _ in plan.metrics),
+            monitor=plan.pacing.monitor if plan.pacing is not None else None,
         )
 
 

@@ -4,12 +4,15 @@ lives here too, with the silent observer a plan gets by default."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .progressive import Unfrozen
 from .schedule_steps import ScheduleChoice
+
+if TYPE_CHECKING:
+    from ..export import InferenceReport
 
 
 class StopReason(Enum):
@@ -59,7 +62,8 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class EpochMetrics:
-    """One epoch; ``lrs`` are those its last step trained at."""
+    """One epoch; ``lrs`` are those its last step trained at; ``val_metrics``: the
+    run's named metrics (torchmetrics) on the validation data, by name."""
 
     epoch: int
     train_loss: float
@@ -70,6 +74,7 @@ class EpochMetrics:
     lrs: tuple[float, ...]
     groups: tuple[str, ...] = ()  # the names of the groups ``lrs`` belong to
     head: int | None = None  # the position in ``lrs`` of the group training the head
+    val_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,10 @@ class FitHistory:
     wall_s: float = 0.0  # the training passes' time, validation excluded
     accumulate: int = 1  # loader batches per optimizer step (``steps`` counts these steps)
     clip: float | None = None  # the largest total gradient norm
+    metrics: tuple[str, ...] = ()  # the named metrics measured after each epoch
+    monitor: str | None = None  # what keep_best, early stop and patience followed
+    exported: InferenceReport | None = None  # the weights written for inference after the run
+    not_exported: str | None = None  # why a run given a path to export to wrote nothing
 
     @property
     def samples_per_s(self) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,8 @@ class FitPlan:
     pacing: Pacing | None = None
     accumulate: int = 1  # loader batches per optimizer step
     clip: float | None = None  # clip the total gradient norm to this before each step
+    # (name, build over a count of classes): torchmetrics metrics measured on ``val``
+    metrics: tuple[tuple[str, Callable[[int], Any]], ...] = ()
 
 
 def _user_defined(value: object) -> bool:
@@ -111,6 +114,16 @@ def _first_batch(data: Iterable) -> object | None:
     return None
 
 
+def input_shape(data: Iterable) -> tuple[int, ...] | None:
+    """The shape of the inputs of ``data``'s first batch, when it can be read without
+    iterating (see ``_first_batch``) and the inputs are one tensor; else None."""
+    first = _first_batch(data)
+    if first is None or first is _EMPTY:
+        return None
+    inputs, _ = split_batch(first, "data")
+    return tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else None
+
+
 def _check_batches(data: object, param: str) -> None:
     if isinstance(data, (torch.Tensor, str, bytes, Mapping)) or not isinstance(data, Iterable):
         raise TorchMagicError(
@@ -149,7 +162,8 @@ def check_plan(plan: FitPlan) -> None:
     if plan.val is not None:
         _check_batches(plan.val, "val")
     if plan.pacing is not None:
-        check_pacing(plan.pacing, plan.val is not None, plan.cache_features)
+        measured = tuple(name for name, _ in plan.metrics)
+        check_pacing(plan.pacing, plan.val is not None, plan.cache_features, measured)
     if not any(p.requires_grad for p in plan.model.parameters()):
         raise TorchMagicError(
             f"nothing to train: every parameter of `{plan.model_name}` is frozen "

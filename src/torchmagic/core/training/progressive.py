@@ -2,7 +2,9 @@
 
 A run starts with what is trainable now and unfreezes the listed blocks one at a time:
 every ``every`` epochs, or when the monitored validation metric has not improved for
-``patience`` epochs. The k-th block gets base lr = the base lr of the block before it
+``patience`` epochs. The monitored metric is the validation loss (lower is better),
+``acc`` (the validation accuracy) or one of the run's named metrics (``f1``…, in the
+direction torchmetrics gives it). The k-th block gets base lr = the base lr of the block before it
 × ``lr_ratio`` (the first: the head group's base lr × ``lr_ratio``). The unfreeze itself
 is the session's (a history entry, undoable, home groups, schedulers kept in step): this
 module only decides *when* and *at which lr*, and calls it.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -27,8 +29,11 @@ from torch import nn
 from ..errors import TorchMagicError
 from ..options import FitOptions
 
-Monitor = Literal["loss", "acc"]
-MONITORS: tuple[Monitor, ...] = ("loss", "acc")
+if TYPE_CHECKING:
+    from .fit_events import EpochMetrics
+
+Monitor = str  # "loss", "acc", or the name of one of the run's metrics
+BUILT_IN_MONITORS: tuple[Monitor, ...] = ("loss", "acc")
 
 
 class Unfrozen(NamedTuple):
@@ -53,12 +58,20 @@ class Pacing:
     monitor: Monitor = "loss"
     early_stop: bool = False
     keep_best: bool = False
+    higher_is_better: bool | None = None  # None: lower for the loss, higher for the rest
     unfreeze: Callable[[str, float, int], None] | None = None
     head_base_lr: Callable[[], float] | None = None
 
     @property
     def needs_validation(self) -> bool:
         return self.patience is not None or self.early_stop or self.keep_best
+
+    @property
+    def rising(self) -> bool:
+        """Whether a larger value of the monitored metric is better."""
+        if self.higher_is_better is not None:
+            return self.higher_is_better
+        return self.monitor != "loss"
 
     @property
     def stall_window(self) -> int | None:
@@ -71,8 +84,11 @@ def _positive_int(value: object, param: str) -> None:
         raise TorchMagicError(f"{param} must be a positive integer, got {value!r}", param=param)
 
 
-def check_pacing(pacing: Pacing, has_val: bool, cached_features: bool) -> None:
-    """Refuse, before any step, a combination that cannot work."""
+def check_pacing(
+    pacing: Pacing, has_val: bool, cached_features: bool, metrics: tuple[str, ...] = ()
+) -> None:
+    """Refuse, before any step, a combination that cannot work; ``metrics``: the run's
+    named metrics, which ``monitor`` may name."""
     if pacing.every is not None:
         _positive_int(pacing.every, "every")
     if pacing.patience is not None:
@@ -106,9 +122,10 @@ def check_pacing(pacing: Pacing, has_val: bool, cached_features: bool) -> None:
         raise TorchMagicError(
             f"lr_ratio must be a positive number, got {pacing.lr_ratio!r}", param="lr_ratio"
         )
-    if pacing.monitor not in MONITORS:
+    if pacing.monitor not in (*BUILT_IN_MONITORS, *metrics):
+        known = ", ".join(repr(m) for m in (*BUILT_IN_MONITORS, *metrics))
         raise TorchMagicError(
-            f"monitor must be 'loss' or 'acc', got {pacing.monitor!r}", param="monitor"
+            f"monitor must be one of {known}, got {pacing.monitor!r}", param="monitor"
         )
     if not has_val and (pacing.needs_validation or pacing.monitor != "loss"):
         wants = [
@@ -139,11 +156,17 @@ class Pacer:
         self.last_lr: float | None = None
         self.unfrozen: list[Unfrozen] = []
 
-    def metric(self, val_loss: float | None, val_accuracy: float | None) -> float | None:
-        """The monitored value, larger-is-better sign folded in (None: not measured)."""
-        if self.pacing.monitor == "acc":
-            return None if val_accuracy is None else -val_accuracy
-        return val_loss
+    def metric(self, epoch: EpochMetrics) -> float | None:
+        """The monitored value of ``epoch``, larger-is-better sign folded in (None: not
+        measured)."""
+        monitor = self.pacing.monitor
+        if monitor == "loss":
+            value = epoch.val_loss
+        elif monitor == "acc":
+            value = epoch.val_accuracy
+        else:
+            value = epoch.val_metrics.get(monitor)
+        return None if value is None else (-value if self.pacing.rising else value)
 
     def observe(self, epoch: int, value: float | None) -> bool:
         """Record epoch ``epoch``'s metric; True when it is a new best."""
@@ -188,9 +211,9 @@ class Pacer:
             return None
         if self.stalled(epoch) < window:
             return None
-        what = "val accuracy" if pacing.monitor == "acc" else "val loss"
+        what = {"loss": "val loss", "acc": "val accuracy"}.get(pacing.monitor, pacing.monitor)
         since = "the last unfreeze" if self.last_unfreeze > self.best_epoch else "its best"
-        best = -self.best if pacing.monitor == "acc" and self.best is not None else self.best
+        best = -self.best if pacing.rising and self.best is not None else self.best
         return (
             f"early stop: {what} has not improved for {self.stalled(epoch)} epochs since "
             f"{since} (best {best:.4g} at epoch {self.best_epoch})"
