@@ -13,6 +13,7 @@ import difflib
 import weakref
 from collections.abc import Container, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeGuard
 
 import torch
@@ -23,10 +24,19 @@ from .ema_owners import EmaOwners
 from .errors import TorchMagicError
 from .integrations import discovery, ema
 from .integrations.discovery import Found
-from .modules import unique_parameters, unwrap
+from .modules import unwrap
 from .surgery import scheduler_sync
 from .surgery.grammar import Target, parse_segment
 from .tensors import optimizer_params, owners
+
+
+@dataclass
+class _Walk:
+    """One walk of the namespace: its variables and what is reachable from them (each
+    filled at its first use)."""
+
+    variables: list[tuple[str, object]] | None = None
+    found: list[Found] | None = None
 
 
 class StaleOptimizerError(TorchMagicError):
@@ -48,29 +58,41 @@ class Workspace:
         # parameters too (``backbone`` and ``head`` apart) stays the model's once a freeze
         # has taken all of the model's out of it, until the name is bound to another
         self._used_optimizer: dict[str, weakref.ref] = {}
-        self._pinned: list[Found] | None = None  # the walk, while a command resolves
+        self._pinned: _Walk | None = None  # the namespace's walk, while a command runs
         self.ema_owners = EmaOwners()  # whose each EMA copy is, decided at first sight
 
     def items(self) -> Iterator[tuple[str, object]]:
         """The user's variables: not private (``_x``), not hidden by IPython (``In``…)."""
+        pinned = self._pinned
+        if pinned is None:
+            return self._variables()
+        if pinned.variables is None:
+            pinned.variables = list(self._variables())
+        return iter(pinned.variables)
+
+    def _variables(self) -> Iterator[tuple[str, object]]:
         for name, value in list(self.namespace.items()):
             if not name.startswith("_") and name not in self.hidden:
                 yield name, value
 
     def found(self) -> list[Found]:
         """Every object reachable from the user's variables (see :mod:`.discovery`)."""
-        if self._pinned is not None:
-            return self._pinned
-        return list(discovery.walk(self.items()))
+        pinned = self._pinned
+        if pinned is None:
+            return list(discovery.walk(self.items()))
+        if pinned.found is None:
+            pinned.found = list(discovery.walk(self.items()))
+        return pinned.found
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
-        """Within the block one walk serves every lookup: resolving what a command names
-        binds nothing, so the namespace cannot change under it (re-entrant)."""
+        """Within the block the namespace is walked once, at the first look, and that walk
+        serves every lookup: a command that binds no variable cannot see the namespace
+        change under it (re-entrant)."""
         if self._pinned is not None:
             yield
             return
-        self._pinned = list(discovery.walk(self.items()))
+        self._pinned = _Walk()
         try:
             yield
         finally:
@@ -329,18 +351,23 @@ class Workspace:
         )
 
     def resolve_optimizer(
-        self, model_name: str, model: nn.Module, name: str | None = None
+        self,
+        model_name: str,
+        model: nn.Module,
+        name: str | None = None,
+        *,
+        parameters: Sequence[nn.Parameter],
     ) -> tuple[str | None, torch.optim.Optimizer | None]:
-        """The optimizer of ``model``: named, or the one whose params are the model's
-        (by identity), or the one used with this model object before (it may be empty now).
+        """The optimizer of ``model`` (whose ``parameters`` are given, each once): named,
+        or the one whose params are the model's (by identity), or the one used with this
+        model object before (it may be empty now).
 
         An optimizer that holds parameters but none of ``model``'s is refused, and so is the
         one remembered for a model object ``model_name`` no longer names (the model cell
         was re-run, not the optimizer cell): stepping it would train nothing ``model_name``
         holds, and adding ``model``'s parameters to it would mix two models in one optimizer.
         """
-        params = unique_parameters([model])
-        ids = {id(p) for p in params}
+        ids = {id(p) for p in parameters}
         if name is not None:
             value = self.optimizer(name)
             if value is None:
@@ -358,7 +385,7 @@ class Workspace:
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
-        owning = owners(optimizers, params)
+        owning = owners(optimizers, parameters)
         if len(owning) > 1:
             for n, o in owning:
                 if n == remembered:

@@ -14,6 +14,7 @@ from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
 from ..integrations import discovery
+from ..modules import walk_model
 from ..options import (
     FreezeOptions,
     LoraOptions,
@@ -88,20 +89,20 @@ def run(
 
 
 def _apply(session: Session, edit: Edit) -> tuple[Change, int]:
-    """The command in one transaction, in this order: the model measured (one walk) and
-    what is already wrong in it observed; the step; the model measured again (one walk)
-    and the change described; then, unless it is a dry run or changed nothing, the
-    invariants checked, the record pushed (the commit point) and the command finished.
-    Anything raised before the commit point rolls it back. Returns the change and how
-    many old records the history dropped."""
+    """The command in one transaction, in this order: the model measured (from the walk
+    made when it was bound) and what is already wrong in it observed; the step; the
+    model walked and measured again and the change described; then, unless it is a dry
+    run or changed nothing, the invariants checked, the record pushed (the commit point)
+    and the command finished. Anything raised before the commit point rolls it back.
+    Returns the change and how many old records the history dropped."""
     target = edit.target
     tx = Transaction()
-    before = edits.measure(target)
+    before = edits.measure(target, target.walked)
     observed = invariants.observe(target, before)
     groups_before = group_keys(target.optimizer)
     try:
         effect = edit.step(tx)
-        after = edits.measure(target)
+        after = edits.measure(target, walk_model(target.model))
         change = _described(edit, effect, before, after, groups_before)
         if edit.dry_run or change.unchanged:  # nothing to keep: no history entry to undo
             tx.revert()
@@ -368,7 +369,7 @@ def switch_lora(session: Session, model: str | None, on: bool, command: Command 
 
 def _lora_target(session: Session, model: str | None, optimizer: str | None) -> edits.BoundModel:
     target = session.bound(model, optimizer)
-    model_checks.check_editable(target.model, target.model_name)
+    model_checks.check_editable(target.model, target.model_name, target.walked)
     return target
 
 

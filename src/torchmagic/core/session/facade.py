@@ -173,7 +173,7 @@ class Session:
         """The commands :meth:`undo` reverted, oldest first."""
         return tuple(self._history.undone)
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def undo(self) -> Change:
         """Revert the newest command still applying to a bound model; atomic like the
         commands (under Ctrl-C too): reverted and out of the history, or neither."""
@@ -354,7 +354,7 @@ class Session:
 
     # -- surgery ---------------------------------------------------------------------
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def freeze(
         self,
         *targets: str,
@@ -372,7 +372,7 @@ class Session:
             self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def unfreeze(
         self,
         *targets: str,
@@ -395,7 +395,7 @@ class Session:
             self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def replace_head(
         self,
         where: str | None,
@@ -421,7 +421,7 @@ class Session:
             self, where, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def lora(
         self,
         *targets: str | Sequence[str],
@@ -450,7 +450,7 @@ class Session:
             self, targets, given, optimizer=optimizer, dry_run=dry_run, command=command
         )
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def merge_lora(
         self,
         model: str | None = None,
@@ -464,12 +464,12 @@ class Session:
         optimizer (their group stays, emptied)."""
         return commands.merge_lora(self, model, optimizer, dry_run, command)
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def lora_off(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The (current) model without its LoRA adapters' contribution (kept, not merged)."""
         return commands.switch_lora(self, model, False, command)
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def lora_on(self, model: str | None = None, *, command: Command | None = None) -> Change:
         """The LoRA adapters switched off by :meth:`lora_off` contribute again."""
         return commands.switch_lora(self, model, True, command)
@@ -603,7 +603,7 @@ class Session:
             observer=observer,
         )
 
-    @shared.serialised()
+    @shared.serialised(pinned=True)
     def set_base_lrs(
         self,
         lrs: Mapping[int, float],

@@ -22,7 +22,7 @@ from ..advice import Advice, Command, as_advice
 from ..ema_owners import parameter_shapes
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import unwrap
+from ..modules import unwrap, walk_model
 from ..surgery.edits import BoundModel, Measured, measure
 from ..surgery.scheduler_sync import mismatches
 
@@ -57,7 +57,7 @@ class Observed:
 def observe(target: BoundModel, measured: Measured | None = None) -> Observed:
     """What is already wrong before a command (see the module's docstring); ``measured``:
     the model as the caller has just walked it, else it is walked here."""
-    walked = measure(target) if measured is None else measured
+    walked = measure(target, walk_model(target.model)) if measured is None else measured
     alive: list[object] = []
     problems = {
         **_group_problems(target, alive, walked.parameters),

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..integrations import discovery
-from ..modules import unwrap
+from ..modules import unwrap, walk_model
 from ..surgery import edits, model_checks
 from ..surgery.grammar import Target, parse_targets, suffix_list
 from ..surgery.selection import Selection, resolve, select
@@ -41,20 +41,25 @@ def namespace_of(
 def bind(
     workspace: Workspace, name: str, model: nn.Module, optimizer: str | None, reading: bool
 ) -> edits.BoundModel:
-    """``model`` with its optimizer and schedulers. An optimizer holding none of its
-    parameters is refused; ``reading`` (commands that only show) treats it as none."""
+    """``model`` with its optimizer and schedulers, walked once (the walk every step of
+    the command reads). An optimizer holding none of its parameters is refused;
+    ``reading`` (commands that only show) treats it as none."""
     with workspace.pinned():
+        real = unwrap(model)
+        walked = walk_model(real)
         try:
-            opt_name, opt = workspace.resolve_optimizer(name, unwrap(model), optimizer)
+            opt_name, opt = workspace.resolve_optimizer(
+                name, real, optimizer, parameters=walked.parameters
+            )
         except StaleOptimizerError:
             if not reading:
                 raise
             opt_name, opt = None, None
-        real = unwrap(model)
         copies, unclear = workspace.ema_copies(real)
         return edits.BoundModel(
             real,
             name,
+            walked,
             opt,
             opt_name,
             workspace.schedulers(opt) if opt is not None else [],
@@ -102,11 +107,11 @@ def selection(
         excluded = parse_targets(exclude)
         name, model, relative = workspace.split_root(parsed)
         target = bind(workspace, name, model, optimizer, False)
-        model_checks.check_editable(target.model, name)
+        model_checks.check_editable(target.model, name, target.walked)
         relative_excluded = [workspace.relative_to(name, t) for t in excluded]
         return Selected(
             target,
-            select(target.model, relative, relative_excluded, suffixes),
+            select(target.model, relative, relative_excluded, suffixes, target.walked),
             tuple(_relative_text(t) for t in relative),
             tuple(_relative_text(t) for t in relative_excluded),
         )
@@ -135,8 +140,10 @@ def one_module(
             name, model, relative_targets = workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
         target = bind(workspace, name, model, optimizer, reading)
-        check = model_checks.check_readable if reading else model_checks.check_editable
-        check(target.model, name)
+        if reading:
+            model_checks.check_readable(name, target.walked)
+        else:
+            model_checks.check_editable(target.model, name, target.walked)
         if relative is None or relative.is_whole:
             return target, "", target.model
         hits = resolve(target.model, relative)

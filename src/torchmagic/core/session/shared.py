@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
 from torch import nn
@@ -98,13 +98,15 @@ def _release(history: History, marked: bool) -> None:
     history.lock.release()
 
 
-def serialised(busy: str = "") -> Callable[[F], F]:
-    """A Session method run under :func:`exclusive` (``busy``: it trains, e.g. "a fit")."""
+def serialised(busy: str = "", *, pinned: bool = False) -> Callable[[F], F]:
+    """A Session method run under :func:`exclusive` (``busy``: it trains, e.g. "a fit");
+    ``pinned``: it binds no variable, so one walk of the namespace serves all of it
+    (``Workspace.pinned``), the history's adoption included."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def held(self, *args, **kwargs):
-            with exclusive(self, busy):
+            with self.workspace.pinned() if pinned else nullcontext(), exclusive(self, busy):
                 return method(self, *args, **kwargs)
 
         return held  # type: ignore[return-value]

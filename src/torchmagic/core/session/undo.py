@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from ..advice import as_advice, spelled
 from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
-from ..modules import unwrap
+from ..modules import unique_parameters, unwrap, walk_model
 from ..surgery.counting import count, describe_groups, group_keys
-from ..surgery.edits import BoundModel
+from ..surgery.edits import BoundModel, measure
 from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
@@ -80,6 +80,7 @@ def undo(session: Session) -> Change:
     target = BoundModel(
         model,
         record.change.model_name,
+        walk_model(model),
         opt,
         record.change.optimizer_name,
         list(schedulers),
@@ -87,7 +88,7 @@ def undo(session: Session) -> Change:
         ema_copies=copies,
         ema_unclear=unclear,
     )
-    observed = invariants.observe(target)
+    observed = invariants.observe(target, measure(target, target.walked))
     if isinstance(record.observed, invariants.Observed):  # what it was before the command
         observed = observed.also(record.observed)
 
@@ -143,7 +144,9 @@ def _refuse_undo(session: Session, record: Record) -> None:
     if record.optimizer is None:
         model = record.model()
         assert model is not None  # bound: not stale
-        name, now = session.workspace.resolve_optimizer(record.change.model_name, model)
+        name, now = session.workspace.resolve_optimizer(
+            record.change.model_name, model, parameters=unique_parameters([model])
+        )
         if now is not None:
             held = {id(p) for g in now.param_groups for p in g["params"]}
             missing = sum(id(p) not in held for p in record.tx.trains_after_undo)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from torch import nn
 from ..advice import Advice, Call, Option
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import is_batchnorm, named_walk, parent_of, unique_parameters
+from ..modules import ModelWalk, is_batchnorm, parent_of, unique_parameters
 from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
@@ -29,10 +29,12 @@ from .transaction import Transaction
 
 @dataclass
 class BoundModel:
-    """The live objects one command acts on."""
+    """The live objects one command acts on, and its model as walked when it was bound
+    (before the command changes anything)."""
 
     model: nn.Module
     model_name: str
+    walked: ModelWalk
     optimizer: torch.optim.Optimizer | None = None
     optimizer_name: str | None = None
     schedulers: list = field(default_factory=list)
@@ -134,17 +136,18 @@ class Measured:
     modules: tuple[tuple[str, nn.Module], ...]  # by their first path, in pre-order
 
 
-def measure(target: BoundModel) -> Measured:
+def measure(target: BoundModel, walked: ModelWalk) -> Measured:
+    """``target`` measured from ``walked``, its model's walk (no walk of its own)."""
     held = group_index(target.optimizer) if target.optimizer is not None else {}
-    named = tuple(named_walk(target.model))
-    walked = scan(target.model, held, [m for _, m in named])
+    named = walked.modules
+    scanned = scan(target.model, held, [m for _, m in named])
     state = (
-        walked.modules,
-        walked.parameters,
+        scanned.modules,
+        scanned.parameters,
         tuple(group_keys(target.optimizer).values()),
         tuple(peft.enabled(m) for _, m in named if peft.is_lora_layer(m)),
     )
-    return Measured(walked.counts, state, walked.held_by_model, named)
+    return Measured(scanned.counts, state, scanned.held_by_model, named)
 
 
 def _effect(
@@ -240,7 +243,7 @@ def head_group(target: BoundModel, exclude: Sequence[nn.Parameter] = ()) -> int 
         return None
     where = group_index(target.optimizer)
     skip = {id(p) for p in exclude}
-    held = [p for p in reversed(list(target.model.parameters())) if id(p) in where]
+    held = [p for p in reversed(target.walked.parameters) if id(p) in where]
     for p in held:
         if id(p) not in skip:
             return where[id(p)]
@@ -425,7 +428,7 @@ def unfreeze(
     resynced = [p for p in all_params if p.requires_grad and opt is not None and id(p) not in held]
     notes = [
         f"{t.describe()}: those train too"
-        for t in _ties(target, Selection(selection.model, tuple(blocks)))
+        for t in _ties(target, replace(selection, blocks=tuple(blocks)))
         if not t.param.requires_grad
     ]
     if opt is not None:
@@ -598,11 +601,12 @@ def replace_head(
         )
     if dropout is not None and not 0 <= dropout < 1:
         raise TorchMagicError(f"dropout must be in [0, 1), got {dropout}", param="dropout")
-    found = heads.locate(target.model, None if root is target.model else root_name)
+    where = None if root is target.model else root_name
+    found = heads.locate(target.model, where, target.walked.modules)
     model_config.check_labels(target.model, found, num_classes, labels)
     located = [(h.name, h.module) for h in found]
     new_modules = [heads.build_head(module, num_classes, dropout) for _, module in located]
-    tied = ties.find(target.model, [(n, m, True) for n, m in located])
+    tied = ties.find(target.model, [(n, m, True) for n, m in located], target.walked.sharing)
     shared = {id(t.param) for t in tied}  # the model keeps using them elsewhere
     old_params = [p for p in unique_parameters([m for _, m in located]) if id(p) not in shared]
     new_params = unique_parameters(new_modules)

@@ -30,7 +30,7 @@ anything changes (``replace_head("layer4", 10)`` on a ResNet names no head).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, count
 from typing import Any
@@ -363,12 +363,15 @@ def find_head(model: nn.Module) -> Head:
     return find_heads(model)[0]
 
 
-def locate(model: nn.Module, where: str | None) -> list[Head]:
+def locate(
+    model: nn.Module, where: str | None, modules: Sequence[tuple[str, nn.Module]]
+) -> list[Head]:
     """The heads to replace: all of ``model``'s (``where`` None), or those at or inside
     the module named ``where``; a main or distillation head brings the other along.
-    A head carrying LoRA adapters is refused: a new head would orphan them."""
+    A head carrying LoRA adapters is refused: a new head would orphan them.
+    ``modules``: the model's, by name (its walk)."""
     heads = _located(model, where)
-    adapted = [name for name, _ in peft.lora_layers(model)]
+    adapted = [name for name, m in modules if peft.is_lora_layer(m)]
     for head in heads:
         lora = next((n for n in adapted if _within(head.name, n) or _within(n, head.name)), None)
         if lora is not None:

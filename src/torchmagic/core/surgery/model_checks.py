@@ -24,7 +24,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
 from ..errors import TorchMagicError
-from ..modules import walk
+from ..modules import ModelWalk, walk
 
 # Optimizer classes (by name, so that optional packages need not be imported) that keep
 # their own view of the groups' members, which an in-place group edit would not reach.
@@ -34,20 +34,25 @@ CACHED_VIEW_OPTIMIZERS = {
 }
 
 
-def lazy_modules(model: nn.Module) -> list[str]:
-    """Qualified names of the modules whose parameters or buffers are still lazy."""
-    if not any(isinstance(m, LazyModuleMixin) for m in walk(model)):  # the cheap common case
+def lazy_modules(modules: Sequence[tuple[str, nn.Module]]) -> list[str]:
+    """Qualified names of the ``modules`` (a model's, by name) whose parameters or buffers
+    are still lazy."""
+    if not any(isinstance(m, LazyModuleMixin) for _, m in modules):  # the cheap common case
         return []
     return [
         f"{name or 'the model'}: {type(module).__name__}"
-        for name, module in model.named_modules()
-        if any(is_lazy(t) for t in (*module._parameters.values(), *module._buffers.values()))
+        for name, module in modules
+        if any(
+            t is not None and is_lazy(t)
+            for t in (*module._parameters.values(), *module._buffers.values())
+        )
     ]
 
 
-def check_readable(model: nn.Module, model_name: str) -> None:
-    """Refuse a model whose parameters cannot be counted yet (lazy modules)."""
-    lazy = lazy_modules(model)
+def check_readable(model_name: str, walked: ModelWalk) -> None:
+    """Refuse a model whose parameters cannot be counted yet (lazy modules); ``walked``:
+    its walk."""
+    lazy = lazy_modules(walked.modules)
     if lazy:
         shown = ", ".join(lazy[:4]) + (", …" if len(lazy) > 4 else "")
         raise TorchMagicError(
@@ -56,14 +61,15 @@ def check_readable(model: nn.Module, model_name: str) -> None:
         )
 
 
-def check_editable(model: nn.Module, model_name: str) -> None:
-    """Refuse a model surgery cannot edit: TorchScript, or not readable."""
+def check_editable(model: nn.Module, model_name: str, walked: ModelWalk) -> None:
+    """Refuse a model surgery cannot edit: TorchScript, or not readable (``walked``: its
+    walk)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TorchMagicError(
             f"'{model_name}' is a TorchScript module (torch.jit.script): edit the Python "
             "model, then script it again"
         )
-    check_readable(model, model_name)
+    check_readable(model_name, walked)
 
 
 def _sparse_embedding_parameters(model: nn.Module) -> set[int]:

@@ -6,13 +6,11 @@ import difflib
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 from torch import nn
 
 from ..errors import TorchMagicError
-from ..modules import unique_parameters, unwrap, walk, wrapper_prefix
-from . import ties
+from ..modules import ModelWalk, unique_parameters, unwrap, walk, walk_model, wrapper_prefix
 from .grammar import Segment, Target, is_index, is_name
 
 
@@ -38,6 +36,8 @@ class Selection:
 
     model: nn.Module
     blocks: tuple[Block, ...]
+    # the model's modules registered twice and whether it ties parameters (``ModelWalk``)
+    sharing: tuple[frozenset[int], bool]
     scope: tuple[str, ...] = ()  # what the targets named, before ``--except`` carved it
     excluded: tuple[str, ...] = ()  # what ``--except`` kept out of ``scope``
 
@@ -53,12 +53,6 @@ class Selection:
 
     def modules(self) -> list[nn.Module]:
         return [m for block in self.blocks for m in block.modules()]
-
-    @cached_property
-    def sharing(self) -> tuple[set[int], bool]:
-        """The model's modules registered twice and whether parameters are tied
-        (:func:`ties.shared_modules`), walked once per command."""
-        return ties.shared_modules(self.model)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -283,6 +277,7 @@ def select(
     targets: Sequence[Target],
     exclude: Sequence[Target] = (),
     suffixes: bool = False,
+    walked: ModelWalk | None = None,
 ) -> Selection:
     """The blocks named by ``targets`` minus those named by ``exclude``.
 
@@ -290,6 +285,7 @@ def select(
     nested in another; a block that contains an excluded module is split into its children.
     Linear in the number of names (each checked against sets of its ancestors).
     ``suffixes``: a dotted name that is no path names the paths ending so (:func:`resolve`).
+    ``walked``: the model's walk, when the command has made it.
     """
     model = unwrap(model)
     picked: dict[str, nn.Module] = {}
@@ -325,4 +321,5 @@ def select(
         if top_names.holds_ancestor_of(e) and not excluded.holds_ancestor_of(e, strict=True)
     ]
     kept_out.sort(key=position)
-    return Selection(model, tuple(blocks), tuple(tops), tuple(kept_out))
+    sharing = (walked or walk_model(model)).sharing
+    return Selection(model, tuple(blocks), sharing, tuple(tops), tuple(kept_out))

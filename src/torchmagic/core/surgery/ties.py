@@ -87,42 +87,20 @@ class Inside:
         return self.module(name.rpartition(".")[0])
 
 
-def shared_modules(model: nn.Module) -> tuple[set[int], bool]:
-    """Ids of the modules registered at more than one place, and whether any parameter
-    is held by more than one module: one cheap walk, so models without ties (nearly
-    all) skip the naming below."""
-    seen: set[int] = set()
-    again: set[int] = set()
-    params: set[int] = set()
-    held = 0
-    stack = [model]
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            again.add(id(module))
-            continue
-        seen.add(id(module))
-        if module._parameters:
-            mine = [id(p) for p in module._parameters.values() if p is not None]
-            held += len(mine)
-            params.update(mine)
-        stack.extend(m for m in module._modules.values() if m is not None)
-    return again, held > len(params)
-
-
 def find(
     model: nn.Module,
     blocks: Iterable[tuple[str, nn.Module, bool]],
-    sharing: tuple[set[int], bool] | None = None,
+    sharing: tuple[frozenset[int], bool],
     *,
     by_module: bool = False,
 ) -> list[Tie]:
     """Parameters of the edited (name, module, recurse) ``blocks`` that also have a name
     outside them: a module that is not being edited uses them too. ``sharing``: the
-    model's :func:`shared_modules`, when already known. ``by_module``: a name reached
-    through another registration of an edited module is inside (an edit of the module
-    itself, such as a freeze); without it names decide (a replacement at one place)."""
-    again, tied = sharing or shared_modules(model)
+    model's modules registered twice and whether it ties parameters (``ModelWalk``).
+    ``by_module``: a name reached through another registration of an edited module is
+    inside (an edit of the module itself, such as a freeze); without it names decide (a
+    replacement at one place)."""
+    again, tied = sharing
     if not again and not tied:
         return []
     blocks = list(blocks)
