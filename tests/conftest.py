@@ -14,14 +14,14 @@ threads than with one under a load of 10 on two cores).
 
 from __future__ import annotations
 
-import atexit
 import os
 import tempfile
 
 import pytest
 import torch
 import torchvision
-from IPython.core.interactiveshell import InteractiveShell
+
+from shells import fresh_shell
 
 os.environ.setdefault("TORCH_HOME", tempfile.mkdtemp(prefix="torchmagic-torch-home-"))
 if "OMP_NUM_THREADS" not in os.environ:
@@ -46,12 +46,5 @@ def trained(resnet):
 @pytest.fixture
 def ip():
     """A fresh shell with torchmagic loaded; cell errors are raised by the tests."""
-    InteractiveShell.clear_instance()
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "torchmagic")
-    yield shell
-    InteractiveShell.clear_instance()
-    # Every shell registers an exit hook that resets its namespace with a full garbage
-    # collection; a hundred of them kept the interpreter busy for two minutes after the
-    # last test. The shell is discarded here, so its hook has nothing left to save.
-    atexit.unregister(shell.atexit_operations)
+    with fresh_shell() as shell:
+        yield shell

@@ -30,8 +30,6 @@ import ast
 import atexit
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -40,6 +38,7 @@ from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 from paths import ROOT
+from shells import fresh_shell
 
 DOCS = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
@@ -287,20 +286,6 @@ def test_the_documents_have_their_examples():
     assert per_doc["docs/output.md"] >= 1 and per_doc["docs/magics.md"] >= 15, per_doc
 
 
-@contextmanager
-def shell(load: bool) -> Iterator[InteractiveShell]:
-    """A fresh shell, as the ``ip`` fixture of conftest.py makes it."""
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance()
-    try:
-        if load:
-            ip.run_line_magic("load_ext", "torchmagic")
-        yield ip
-    finally:
-        InteractiveShell.clear_instance()
-        atexit.unregister(ip.atexit_operations)
-
-
 def run(ip: InteractiveShell, code: str, where: str) -> str:
     """Run ``code`` as a cell; any error (a ``UsageError`` included) fails the test. The
     text form of the cell's last output (``text/plain``) is returned."""
@@ -343,7 +328,7 @@ def test_example_block_runs(block: Block):
     reasons = [why for why in map(skipped, examples) if why]
     if len(reasons) == len(examples):
         pytest.skip("; ".join(reasons))
-    with shell(load="%load_ext torchmagic" not in block.code) as ip:
+    with fresh_shell(load="%load_ext torchmagic" not in block.code) as ip:
         run(ip, PREAMBLE, "PREAMBLE")
         for example in examples:
             if skipped(example):
@@ -393,7 +378,7 @@ def test_python_beside_each_magic_runs(block: Block):
     examples = [e for e in block.examples() if not skipped(e)]
     if not any(map(python_beside, examples)):
         pytest.skip("no Python beside these magics")
-    with shell(load=True) as ip:
+    with fresh_shell(load=True) as ip:
         run(ip, PREAMBLE + "tm = torchmagic.notebook_session()\n", "PREAMBLE")
         for example in examples:
             where = f"{example.doc}:{example.line}"

@@ -6,6 +6,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from builders import TRAINING_CELL
+from shells import fresh_shell
 from torchmagic.magics.shown import ShownResult
 
 # the training magics' three blobs, with a cosine schedule bound
@@ -113,18 +114,11 @@ def boom(output, target):
 @pytest.fixture
 def terminal():
     """terminal IPython's shell (a text ``Out[n]:`` prompt), torchmagic loaded."""
-    import atexit
-
-    from IPython.core.interactiveshell import InteractiveShell
     from IPython.terminal.interactiveshell import TerminalInteractiveShell
 
-    InteractiveShell.clear_instance()
-    shell = TerminalInteractiveShell.instance()
-    shell.run_line_magic("load_ext", "torchmagic")
-    cell(shell, SETUP)
-    yield shell
-    TerminalInteractiveShell.clear_instance()
-    atexit.unregister(shell.atexit_operations)
+    with fresh_shell(TerminalInteractiveShell) as shell:
+        cell(shell, SETUP)
+        yield shell
 
 
 def test_a_terminal_prints_no_empty_out_prompt_under_the_result(terminal):
