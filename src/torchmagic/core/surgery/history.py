@@ -12,7 +12,10 @@ and a fixed figure is either most of a small machine or a single command of a la
 (one freeze of 8 vit_h_14 blocks sets aside 1.2 GiB of AdamW state).
 
 Apart from the undo log, the history keeps every command that still applies (all but
-those undone), however old: a checkpoint replays them on a freshly built model.
+those undone), however old: a checkpoint replays them on a freshly built model. Those
+commands are also kept, without their undo logs, in the registry under their model: a
+session dropped takes its history with it, and the next session on the model takes them
+over (:meth:`History.adopt`), listed but not undoable, so that its save replays them.
 
 One model has one history: :func:`history_of` finds the history that recorded commands on
 a model, so that a second session on it shares that one (``core.session.shared``), and
@@ -24,7 +27,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -39,6 +42,7 @@ from .transaction import Transaction
 REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
 REPLAYED = "replayed from a checkpoint"  # a resumed command: listed, never undone
 SHARDED = "model sharded since"  # fully_shard replaced the tensors its undo log holds
+DROPPED = "made by a session since dropped"  # its undo log went with that session
 
 RAM_SHARE = 4  # the automatic byte cap: a quarter of the machine's RAM …
 MIN_CAP = 1 << 30  # … and at least 1 GiB (also where the RAM is unknown)
@@ -153,6 +157,7 @@ class History:
         self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
         REGISTRY.histories[model] = weakref.ref(self)
+        REGISTRY.commands.setdefault(model, []).append(_without_undo(record))
         drop = self._overflow(max_entries, max_bytes)
         dropped = self._records[:drop]
         del self._records[:drop]
@@ -173,9 +178,28 @@ class History:
         """Undo's last step: the record leaves the history, its command joins ``undone``
         (idempotent: an interrupted undo runs it again)."""
         self._applied = [r for r in self._applied if r is not record]
+        model = record.model()
+        kept = REGISTRY.commands.get(model) if model is not None else None
+        if kept is not None:
+            kept[:] = [r for r in kept if r.index != record.index]
         if any(r is record for r in self._records):
             self._records = [r for r in self._records if r is not record]
             self.undone.append(record.change.command)
+
+    def adopt(self, model: nn.Module) -> None:
+        """Take over the commands on ``model`` that a history since collected (its
+        session dropped) made: listed and applied here, numbered after this history's
+        own, never undone (their undo logs are gone)."""
+        taken = []
+        for kept in REGISTRY.commands.get(model, ()):
+            record = _without_undo(kept, index=self._next, stale=DROPPED)
+            self._next += 1
+            self._applied.append(record)
+            self._records.append(record)
+            taken.append(_without_undo(record))
+        if taken:
+            REGISTRY.commands[model] = taken
+            REGISTRY.histories[model] = weakref.ref(self)
 
     def holds(self, tx: Transaction) -> bool:
         """Whether ``tx`` is the undo log of a recorded (so: applied) command."""
@@ -227,6 +251,12 @@ class History:
             record.tx = None
         self._records = []
         return cleared
+
+
+def _without_undo(record: Record, **changes: object) -> Record:
+    """A copy of ``record`` holding no undo log and nothing of the session that made it
+    (what the registry keeps beyond that session)."""
+    return replace(record, tx=None, observed=None, recorder=None, **changes)  # type: ignore[arg-type]
 
 
 def _entry(record: Record) -> HistoryEntry:
