@@ -113,6 +113,8 @@ class History:
         self.owner = owner  # who made it, as a refusal names it ("the notebook's magics")
         self.lock = threading.RLock()  # held by every command, undo and fit on its models
         self.busy = ""  # what holds the lock for long ("a fit"): other threads are refused
+        self.keep_all = False  # a load replaying: no record dropped until it is sealed
+        self.seals = 0  # loads sealed: a load whose seal came is complete, whatever follows
 
     def touches(self, model: nn.Module) -> bool:
         """Whether a command on ``model`` is in this history (listed or still applied)."""
@@ -167,6 +169,8 @@ class History:
 
     def _overflow(self, max_entries: int, max_bytes: int) -> int:
         """How many of the oldest records to drop so that the rest fit; never the newest."""
+        if self.keep_all:
+            return 0
         sizes = [r.tx.nbytes() if r.tx is not None else 0 for r in self._records]
         total, drop = sum(sizes), 0
         while drop < len(sizes) - 1 and (len(sizes) - drop > max_entries or total > max_bytes):
@@ -201,6 +205,46 @@ class History:
             REGISTRY.commands[model] = taken
             REGISTRY.histories[model] = weakref.ref(self)
 
+    def next_index(self) -> int:
+        """The index the next record will take."""
+        return self._next
+
+    def newest_index(self) -> int:
+        """The index of the newest applied record (0: none)."""
+        return self._applied[-1].index if self._applied else 0
+
+    def latest(self) -> Record:
+        """The newest record (of the command just made)."""
+        return self._applied[-1]
+
+    def repeat(self, record: Record) -> Record:
+        """A copy of ``record`` as the newest command, without an undo log: a load's
+        replay found it would make the very same change again (see ``session.replay``)."""
+        copy = _without_undo(record, index=self._next)
+        self._next += 1
+        self._applied.append(copy)
+        self._records.append(copy)
+        model = record.model()
+        if model is not None:
+            REGISTRY.commands.setdefault(model, []).append(_without_undo(copy))
+        return copy
+
+    def drop_copy(self) -> bool:
+        """Take the newest record out if it holds no undo log (a copy :meth:`repeat`
+        made, nothing to revert); False if it has one (undo reverts it)."""
+        record = self._applied[-1] if self._applied else None
+        if record is None or record.tx is not None:
+            return False
+        self._discard(record)
+        return True
+
+    def trim(self, max_entries: int, max_bytes: int) -> None:
+        """Drop the oldest records beyond the limits (after a load's replay, sealed)."""
+        drop = self._overflow(max_entries, max_bytes)
+        for old in self._records[:drop]:
+            old.tx = None
+        del self._records[:drop]
+
     def holds(self, tx: Transaction) -> bool:
         """Whether ``tx`` is the undo log of a recorded (so: applied) command."""
         return any(r.tx is tx for r in self._records)
@@ -221,7 +265,14 @@ class History:
 
     def seal_replayed(self, count: int) -> None:
         """The newest ``count`` records were replayed from a checkpoint: they stay listed
-        and applied, but cannot be undone (their undo logs hold a fresh model's state)."""
+        and applied, but cannot be undone (their undo logs hold a fresh model's state).
+        Counting the seal comes first: it is the load's commit point, and sealing the
+        records again (:meth:`sealed`) finishes an interrupted seal."""
+        self.seals += 1
+        self.sealed(count)
+
+    def sealed(self, count: int) -> None:
+        """The newest ``count`` records marked replayed and their undo logs dropped."""
         for record in self._records[len(self._records) - count :] if count else ():
             record.tx, record.stale = None, REPLAYED
 
