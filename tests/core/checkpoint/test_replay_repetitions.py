@@ -112,3 +112,30 @@ def test_a_failed_resume_after_copied_records_changes_nothing_and_a_retry_works(
     assert type(model.layer2[1]).__name__ == "BatchNorm2d"
     tm = torchmagic.resume(path, model, opt, [sched])
     assert len(tm.history()) == 33
+
+
+def test_with_an_ema_copy_every_command_runs_and_the_copy_ends_as_the_models(
+    tmp_path, monkeypatch
+):
+    """A replaced head is replaced in the EMA copy too, with the weights it drew; the file
+    holds the model's, not the copy's: so nothing is copied, every command runs."""
+    model, opt, sched = build_net()
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    tm = torchmagic.Session(namespace={"model": model, "opt": opt, "sched": sched, "ema": ema})
+    for _ in range(3):
+        tm.replace_head("model.fc", 4)
+        tm.freeze("model.layer1")
+        tm.unfreeze("model.layer1")
+    tm.save(tmp_path / "ema.pt")
+    fresh, fresh_opt, fresh_sched = build_net(seed=3)
+    fresh_ema = torch.optim.swa_utils.AveragedModel(fresh)
+    ran = []
+    real = save_load._replay_call
+    monkeypatch.setattr(
+        save_load, "_replay_call", lambda *args: (ran.append(args[3]), real(*args))[1]
+    )
+    ns = {"model": fresh, "opt": fresh_opt, "sched": fresh_sched, "ema": fresh_ema}
+    torchmagic.Session(namespace=ns).load(tmp_path / "ema.pt", model="model")
+    assert len(ran) == 9
+    assert fresh_ema.module.fc.out_features == 4
+    assert_same(structure(model, opt), structure(fresh, fresh_opt))

@@ -9,7 +9,8 @@ the others), and the result is the full replay's, record for record. The structu
 compared is everything a command reads or writes, by name: the modules (class, plain
 attributes, hooks), the flags, the param groups (members and hyper-parameters), each
 parameter's home group, the schedulers' states, the BatchNorm policies, the label maps
-and the class names.
+and the class names. With an EMA copy bound, every command runs: a copy's replaced head
+keeps the weights its replacement drew, which the file does not hold.
 """
 
 from __future__ import annotations
@@ -41,15 +42,19 @@ def replay(
     seen = {structure(session, target): 0}
     made: list = []  # the records of this replay, by position
     done = 0
+    copying = not target.ema_copies  # an EMA copy's new head: weights the file lacks
     while done < len(calls):
         command, call = calls[done]
+        first = history.next_index()
         run(call, command)
+        if history.next_index() == first:  # it changed nothing here: copy nothing after it
+            copying = False
         made.append(history.latest())
         done += 1
         now = structure(session, target)
         start = seen.get(now)
         seen[now] = done
-        if start is None:
+        if start is None or not copying:
             continue
         end = done  # commands start … end-1 led from this structure back to it
         while (
