@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .surgery.history import History
+    from .surgery.history import History, Record
     from .surgery.optimizer_sync import Homes
 
 
@@ -40,6 +40,13 @@ class Registry:
         written_by="History.push, at each command's commit",
         freed="with the model or the history (the value is a weak reference too: the "
         "sessions using a history decide how long it lives)",
+    )
+    commands: weakref.WeakKeyDictionary[nn.Module, list[Record]] = _weak_map(
+        maps="model -> the commands that made it what it is (every one not undone), without "
+        "their undo logs, so that they outlive the session that made them: a new session "
+        "on the model takes them over and its save replays them (surgery.history)",
+        written_by="History.push at each commit and History.adopt; undo takes a command out",
+        freed="with the model (the records hold the model and optimizer weakly)",
     )
     homes: weakref.WeakKeyDictionary[torch.optim.Optimizer, Homes] = _weak_map(
         maps="optimizer -> the home group of each of its parameters: the group it was in "

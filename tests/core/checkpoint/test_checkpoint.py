@@ -5,6 +5,7 @@ with everything left as it was."""
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import subprocess
 import sys
@@ -420,3 +421,35 @@ def test_a_save_replays_commands_undo_no_longer_keeps(saved, tmp_path):
     fresh, fresh_opt, fresh_sched = build_net()
     torchmagic.resume(tmp_path / "after_clear.pt", fresh, fresh_opt, [fresh_sched])
     assert_same(structure(model, opt), structure(fresh, fresh_opt))
+
+
+def test_a_new_session_after_the_one_that_made_the_commands_was_dropped_saves_them(tmp_path):
+    """The commands outlive their session: a new Session on the same objects saves a file
+    its own resume accepts, continuing exactly the state saved; the commands are listed
+    there, and its undo refuses them in one line (their undo logs went with the session)."""
+    model, opt, sched = build_net()
+    first = torchmagic.Session(model, opt, schedulers=[sched])
+    surgery(first, model, opt, sched)
+    del first
+    gc.collect()
+    tm = torchmagic.Session(model, opt, schedulers=[sched])
+    assert [spelled(e.command) for e in tm.history()] == [
+        'tm.freeze("stem", "layer1")',
+        'tm.replace_head("fc", 4)',
+        'tm.unfreeze("layer1", lr=0.003)',
+    ]
+    assert all(e.stale == "made by a session since dropped" for e in tm.history())
+    tm.save(tmp_path / "later.pt")
+    at_save = structure(model, opt), state(model, opt), sched.state_dict()
+    with pytest.raises(TorchMagicError, match="^cannot undo .*session that made it was dropped"):
+        tm.undo()
+    fresh, fresh_opt, fresh_sched = build_net(seed=7)
+    resumed = torchmagic.resume(tmp_path / "later.pt", fresh, fresh_opt, [fresh_sched])
+    assert_same(at_save[0], structure(fresh, fresh_opt))
+    assert_same(at_save[1], state(fresh, fresh_opt))
+    assert fresh_sched.state_dict() == at_save[2]
+    assert len(resumed.history()) == 3
+    tm.freeze("layer2")  # the new session's own command: after the adopted ones, undoable
+    assert [e.index for e in tm.history()] == [1, 2, 3, 4]
+    tm.undo()
+    assert all(p.requires_grad for p in model.layer2.parameters())

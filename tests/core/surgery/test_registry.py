@@ -51,11 +51,13 @@ def test_each_map_holds_the_objects_a_command_told_it_about():
     frozen_bn = model[1]
     assert type(frozen_bn).__name__ == "FrozenBatchNorm2d"
     assert REGISTRY.histories[model]() is tm._history
+    assert [r.index for r in REGISTRY.commands[model]] == [1]  # the freeze, without undo log
+    assert REGISTRY.commands[model][0].tx is None
     assert opt in REGISTRY.homes
     assert frozen_bn in REGISTRY.batchnorm_originals
     assert REGISTRY.timm_clocks[sched] == 2  # two updates stepped by the fit
     held = REGISTRY.held()
-    assert set(held) == {"histories", "homes", "batchnorm_originals", "timm_clocks"}
+    assert set(held) == {"histories", "commands", "homes", "batchnorm_originals", "timm_clocks"}
     assert all(n >= 1 for n in held.values())
 
 
@@ -68,7 +70,7 @@ def test_it_says_what_it_holds_and_what_each_map_is():
     assert lines[0].startswith("histories (") and "model -> the undo history" in lines[0]
     assert repr(REGISTRY).startswith("Registry(histories=")
     assert repr(Registry()) == (
-        "Registry(histories=0, homes=0, batchnorm_originals=0, timm_clocks=0)"
+        "Registry(histories=0, commands=0, homes=0, batchnorm_originals=0, timm_clocks=0)"
     )
 
 

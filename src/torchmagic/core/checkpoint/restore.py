@@ -104,6 +104,10 @@ def replays(payload: dict) -> Iterator[tuple[str, Replay]]:
         )
 
 
+def _nothing() -> None:
+    """The put-back of what was not changed yet."""
+
+
 def keep_states(
     target: BoundModel, amp: AmpController, scaler: torch.amp.GradScaler | None
 ) -> Callable[[], None]:
@@ -121,22 +125,27 @@ def keep_states(
     scalers = [s for s in {id(s): s for s in (amp.scaler, scaler) if s is not None}.values()]
     scaler_states = [copy.deepcopy(s.state_dict()) for s in scalers]
     rng = capture_rng()
-    weights_back = back_up_weights(model)
+    weights_back: Callable[[], None] = _nothing
+    try:  # an interrupt after the weights' backup puts them back
+        weights_back = back_up_weights(model)
 
-    def put_back() -> None:
+        def put_back() -> None:
+            weights_back()
+            if opt is not None and state is not None:
+                opt.state.clear()
+                opt.state.update(state)
+                for group, kept in zip(opt.param_groups, groups, strict=True):
+                    group.clear()
+                    group.update(kept)
+            for s, kept_state in zip(roots, schedulers, strict=True):
+                s.load_state_dict(kept_state)  # type: ignore[attr-defined]
+            vars(amp).clear()
+            vars(amp).update(precision)
+            for s, kept_state in zip(scalers, scaler_states, strict=True):
+                s.load_state_dict(kept_state)
+            restore_rng(rng)
+
+        return put_back
+    except BaseException:
         weights_back()
-        if opt is not None and state is not None:
-            opt.state.clear()
-            opt.state.update(state)
-            for group, kept in zip(opt.param_groups, groups, strict=True):
-                group.clear()
-                group.update(kept)
-        for s, kept_state in zip(roots, schedulers, strict=True):
-            s.load_state_dict(kept_state)  # type: ignore[attr-defined]
-        vars(amp).clear()
-        vars(amp).update(precision)
-        for s, kept_state in zip(scalers, scaler_states, strict=True):
-            s.load_state_dict(kept_state)
-        restore_rng(rng)
-
-    return put_back
+        raise

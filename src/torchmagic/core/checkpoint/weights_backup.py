@@ -59,7 +59,7 @@ def back_up_weights(model: nn.Module) -> Callable[[], None]:
     try:
         for t, _ in kept:
             t.data = torch.empty_like(t)
+        return put_back
     except BaseException:
         put_back()
         raise
-    return put_back

@@ -60,6 +60,72 @@ def reference_device(model: nn.Module) -> torch.device | None:
     return weights.most_common(1)[0][0] if weights else None
 
 
+def reference_dtype(model: nn.Module) -> torch.dtype | None:
+    """The floating dtype holding most of the model's parameter bytes."""
+    weights: Counter = Counter()
+    for p in unwrap(model).parameters():
+        if p.is_floating_point():
+            weights[p.dtype] += nbytes(p) or 1
+    return weights.most_common(1)[0][0] if weights else None
+
+
+@dataclass(frozen=True)
+class OddPart:
+    """A module whose own parameters are not where, or not of the dtype, the rest is."""
+
+    part: str  # as the user names it: "model.fc"
+    kind: str  # "device" or "dtype"
+    found: str  # "meta", "float64"
+    expected: str  # "cpu", "float32"
+    fix: str
+
+    def what(self, model_name: str) -> str:
+        where = "on " if self.kind == "device" else ""
+        return (
+            f"'{self.part}' is {where}{self.found} but the rest of '{model_name}' is "
+            f"{where}{self.expected}"
+        )
+
+    def line(self, model_name: str) -> str:
+        return f"{self.what(model_name)}; {self.fix}"
+
+
+def odd_part(model: nn.Module, model_name: str) -> OddPart | None:
+    """The first module whose own parameters are on another device or in another floating
+    dtype than the rest of the model (a head moved by hand: ``model.fc.double()``,
+    ``model.fc.to("meta")``), or None. Adapter layers (peft's) are not looked into, and
+    float32 parts of a half-precision model are fine: both keep their dtype on purpose
+    (transformers' ``_keep_in_fp32_modules``)."""
+    model = unwrap(model)
+    device, dtype = reference_device(model), reference_dtype(model)
+    skipped: tuple[str, ...] = ()
+    for name, module in model.named_modules():
+        if name and name.startswith(skipped):
+            continue
+        if type(module).__module__.startswith("peft."):
+            skipped = (*skipped, f"{name}.")
+            continue
+        part = f"{model_name}.{name}" if name else model_name
+        for p in module.parameters(recurse=False):
+            if p.device != device and not is_lazy(p):
+                fix = (
+                    "it holds no weights any more: replace it again (replace_head) or "
+                    "rebuild the model"
+                    if p.device.type == "meta"
+                    else f"move it back ({part}.to('{device}')) or move the whole model"
+                )
+                return OddPart(part, "device", str(p.device), str(device), fix)
+            if p.is_floating_point() and p.dtype != dtype and not _kept_wider(p.dtype, dtype):
+                kind = str(dtype).removeprefix("torch.")
+                fix = f"cast it back ({part}.to(torch.{kind})) or cast the whole model"
+                return OddPart(part, "dtype", str(p.dtype).removeprefix("torch."), kind, fix)
+    return None
+
+
+def _kept_wider(part: torch.dtype, model: torch.dtype | None) -> bool:
+    return part == torch.float32 and model in (torch.float16, torch.bfloat16)
+
+
 def _attribute_fix(name: str) -> str:
     if "[" in name:
         return (

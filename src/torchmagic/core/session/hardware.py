@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..advice import Call
+from ..devices import placement
 from ..devices.batch_size import BatchSizeReport, check_effective_batch, find_batch_size
 from ..devices.compare import CompareReport, compare
 from ..devices.device import MoveReport, resolve_device
@@ -41,7 +42,11 @@ def model_device(model: nn.Module) -> torch.device:
 
 def check_placement(session: Session, name: str, model: nn.Module) -> torch.device:
     """Where ``model`` runs a command: its device, refused in one line when that is not
-    the session's device or not the one the AMP policy is on."""
+    the session's device or not the one the AMP policy is on, or when a part of it is
+    on another device or in another dtype than the rest."""
+    odd = placement.odd_part(model, name)
+    if odd is not None:
+        raise TorchMagicError(odd.line(name))
     device = model_device(model)
     if session.device is not None and session.device != device:
         raise TorchMagicError(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -31,7 +31,7 @@ from ..surgery.grammar import parse_target
 from ..surgery.results import Replay
 from ..surgery.transaction import uninterrupted
 from ..training.fit_plan import LOSSES
-from . import fsdp, names
+from . import fsdp, names, replay
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -64,31 +64,71 @@ def load(
     fsdp.refuse_sharded_resume(session, target, where)
     device_type = session.model_device(target.model).type
     calls = list(checkpoint_file.replays(payload))
-    already = len(session._history.applied(target.model))
+    history = session._history
+    already = len(history.applied(target.model))
     checkpoint_file.check_fresh(payload, where, target, device_type, already)
     roots = scheduler_sync.roots(target.schedulers)
     schedules = [copy.deepcopy(s.state_dict()) for s in roots]  # type: ignore[attr-defined]
     generators = capture_rng()  # a replayed head draws its initial weights
+    before = Before(
+        history.next_index(), len(history.undone), session.workspace.current, history.seals
+    )
     try:
-        for command, call in calls:
-            _replay_call(session, target, call, command)
+        history.keep_all = True  # every replayed record kept, so that a failure undoes each
+        replay.replay(
+            session,
+            target,
+            payload["history"],
+            calls,
+            lambda call, command: _replay_call(session, target, call, command),
+        )
         checkpoint_file.check_replayed(payload, where, target)
         uninterrupted(lambda: _load_all(session, payload, target, device_type, scaler))
-    except BaseException as exc:  # a refusal, a bug or Ctrl-C: the replay is undone
-        # counted in the history: a Ctrl-C may land after a command and before any counter
-        replayed = len(session._history.applied(target.model))
-        for _ in range(replayed):
-            session.undo()
-        for scheduler, schedule in zip(roots, schedules, strict=True):  # per-group lists too
-            scheduler.load_state_dict(schedule)  # type: ignore[attr-defined]
-        restore_rng(generators)
+        _finish(session, len(calls))
+    except BaseException as exc:  # a refusal, a bug or Ctrl-C
+        if history.seals > before.seals:  # the load completed: it ends so, nothing undone
+            uninterrupted(lambda: _finish(session, len(calls)))
+            raise
+        replayed = history.next_index() - before.first  # records: one per call run
+        uninterrupted(
+            lambda: _roll_back(
+                session, before, dict(zip(roots, schedules, strict=True)), generators
+            )
+        )
         if not isinstance(exc, TorchMagicError) or str(exc).startswith("cannot resume"):
             raise
         failed = calls[replayed][0] if replayed < len(calls) else "the load"
         raise TorchMagicError(
             f"cannot resume from '{where}': replaying {failed} failed: {exc}; nothing was changed"
         ) from None
+    finally:
+        history.keep_all = False
     return checkpoint_file.summarize_resume(payload, where, target)
+
+
+class Before(NamedTuple):
+    """What a load puts back when it fails: the first index its records take, how many
+    commands were listed as undone, the current model; and how many loads were sealed
+    (one more: this one completed)."""
+
+    first: int
+    undone: int
+    current: str | None
+    seals: int
+
+
+def _roll_back(session: Session, before: Before, schedules: dict, generators: dict) -> None:
+    """Undo what a failed load replayed, newest first (copied records are taken out),
+    and put back the schedulers' states (their per-group lists too) and the RNG."""
+    history = session._history
+    while history.newest_index() >= before.first:
+        if not history.drop_copy():
+            session.undo()
+    del history.undone[before.undone :]
+    session.workspace.current = before.current
+    for scheduler, schedule in schedules.items():
+        scheduler.load_state_dict(schedule)
+    restore_rng(generators)
 
 
 def _load_all(
@@ -98,19 +138,33 @@ def _load_all(
     device_type: str,
     scaler: torch.amp.GradScaler | None,
 ) -> None:
-    """Every state, then the seal and the guard, all or nothing (Ctrl-C held): a failure
-    puts the states back and the caller undoes the replay."""
-    put_back = checkpoint_file.keep_states(target, session.amp, scaler)
+    """Every state, the guard, then the seal, all or nothing (Ctrl-C held): a failure
+    before the seal is counted puts the states back and the caller undoes the replay;
+    once it is counted, the load is complete."""
+    history = session._history
+    sealed = history.seals
+    put_back: Callable[[], None] | None = None
     try:
+        put_back = checkpoint_file.keep_states(target, session.amp, scaler)
         checkpoint_file.load_states(payload, target)
         checkpoint_file.load_precision(payload, session.amp, device_type, scaler)
         checkpoint_file.load_rng(payload)
         sharding.guard_unsharded_steps(target.model, target.optimizer)
+        session.workspace.current = target.model_name
+        history.seal_replayed(len(payload["history"]))  # the commit point
     except BaseException:
-        put_back()
+        if history.seals == sealed and put_back is not None:
+            put_back()
         raise
-    session._history.seal_replayed(len(payload["history"]))
-    session.workspace.current = target.model_name
+
+
+def _finish(session: Session, count: int) -> None:
+    """After a load's commit point (again if interrupted): its ``count`` records sealed,
+    and the history back within its limits."""
+    history = session._history
+    history.sealed(count)
+    history.keep_all = False
+    history.trim(session.config.history_limit, session.history_cap().nbytes)
 
 
 def _replay_call(session: Session, target: edits.BoundModel, call: Replay, command: str) -> None:

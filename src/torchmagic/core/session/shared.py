@@ -38,10 +38,14 @@ def default_owner(model: nn.Module | None) -> str:
 
 def join(session: Session, model: nn.Module, name: str) -> None:
     """Make ``session`` use the history that holds commands on ``model`` (unwrapped):
-    taken when its own is blank, refused by the other's name when its own has commands."""
+    taken when its own is blank, refused by the other's name when its own has commands;
+    with no history alive, the commands a dropped session made on it are adopted."""
     theirs = history_of(model)
     mine = session._history
-    if theirs is None or theirs is mine:
+    if theirs is None:  # commands of a session since dropped, if any, become this one's
+        mine.adopt(model)
+        return
+    if theirs is mine:
         return
     if not mine.blank():
         raise TorchMagicError(

@@ -14,7 +14,7 @@ from ..errors import TorchMagicError
 from ..modules import unique_parameters, unwrap, walk_model
 from ..surgery.counting import count, describe_groups, group_keys
 from ..surgery.edits import BoundModel, measure
-from ..surgery.history import REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
+from ..surgery.history import DROPPED, REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
 from . import invariants
@@ -129,6 +129,11 @@ def _refuse_undo(session: Session, record: Record) -> None:
         raise TorchMagicError(
             f"cannot undo {command}: it was replayed from a checkpoint, and resumed "
             "commands cannot be undone"
+        )
+    if record.stale == DROPPED:
+        raise TorchMagicError(
+            f"cannot undo {command}: the session that made it was dropped, and its undo "
+            f"log with it; {fix}"
         )
     if record.stale == SHARDED:
         raise TorchMagicError(

@@ -12,7 +12,10 @@ and a fixed figure is either most of a small machine or a single command of a la
 (one freeze of 8 vit_h_14 blocks sets aside 1.2 GiB of AdamW state).
 
 Apart from the undo log, the history keeps every command that still applies (all but
-those undone), however old: a checkpoint replays them on a freshly built model.
+those undone), however old: a checkpoint replays them on a freshly built model. Those
+commands are also kept, without their undo logs, in the registry under their model: a
+session dropped takes its history with it, and the next session on the model takes them
+over (:meth:`History.adopt`), listed but not undoable, so that its save replays them.
 
 One model has one history: :func:`history_of` finds the history that recorded commands on
 a model, so that a second session on it shares that one (``core.session.shared``), and
@@ -24,7 +27,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -39,6 +42,7 @@ from .transaction import Transaction
 REBOUND = "model rebound"  # the stale reason undo skips over (other reasons refuse)
 REPLAYED = "replayed from a checkpoint"  # a resumed command: listed, never undone
 SHARDED = "model sharded since"  # fully_shard replaced the tensors its undo log holds
+DROPPED = "made by a session since dropped"  # its undo log went with that session
 
 RAM_SHARE = 4  # the automatic byte cap: a quarter of the machine's RAM …
 MIN_CAP = 1 << 30  # … and at least 1 GiB (also where the RAM is unknown)
@@ -109,6 +113,8 @@ class History:
         self.owner = owner  # who made it, as a refusal names it ("the notebook's magics")
         self.lock = threading.RLock()  # held by every command, undo and fit on its models
         self.busy = ""  # what holds the lock for long ("a fit"): other threads are refused
+        self.keep_all = False  # a load replaying: no record dropped until it is sealed
+        self.seals = 0  # loads sealed: a load whose seal came is complete, whatever follows
 
     def touches(self, model: nn.Module) -> bool:
         """Whether a command on ``model`` is in this history (listed or still applied)."""
@@ -153,6 +159,7 @@ class History:
         self._applied.append(record)  # first: a rollback's _discard takes it out again
         self._records.append(record)
         REGISTRY.histories[model] = weakref.ref(self)
+        REGISTRY.commands.setdefault(model, []).append(_without_undo(record))
         drop = self._overflow(max_entries, max_bytes)
         dropped = self._records[:drop]
         del self._records[:drop]
@@ -162,6 +169,8 @@ class History:
 
     def _overflow(self, max_entries: int, max_bytes: int) -> int:
         """How many of the oldest records to drop so that the rest fit; never the newest."""
+        if self.keep_all:
+            return 0
         sizes = [r.tx.nbytes() if r.tx is not None else 0 for r in self._records]
         total, drop = sum(sizes), 0
         while drop < len(sizes) - 1 and (len(sizes) - drop > max_entries or total > max_bytes):
@@ -173,9 +182,68 @@ class History:
         """Undo's last step: the record leaves the history, its command joins ``undone``
         (idempotent: an interrupted undo runs it again)."""
         self._applied = [r for r in self._applied if r is not record]
+        model = record.model()
+        kept = REGISTRY.commands.get(model) if model is not None else None
+        if kept is not None:
+            kept[:] = [r for r in kept if r.index != record.index]
         if any(r is record for r in self._records):
             self._records = [r for r in self._records if r is not record]
             self.undone.append(record.change.command)
+
+    def adopt(self, model: nn.Module) -> None:
+        """Take over the commands on ``model`` that a history since collected (its
+        session dropped) made: listed and applied here, numbered after this history's
+        own, never undone (their undo logs are gone)."""
+        taken = []
+        for kept in REGISTRY.commands.get(model, ()):
+            record = _without_undo(kept, index=self._next, stale=DROPPED)
+            self._next += 1
+            self._applied.append(record)
+            self._records.append(record)
+            taken.append(_without_undo(record))
+        if taken:
+            REGISTRY.commands[model] = taken
+            REGISTRY.histories[model] = weakref.ref(self)
+
+    def next_index(self) -> int:
+        """The index the next record will take."""
+        return self._next
+
+    def newest_index(self) -> int:
+        """The index of the newest applied record (0: none)."""
+        return self._applied[-1].index if self._applied else 0
+
+    def latest(self) -> Record:
+        """The newest record (of the command just made)."""
+        return self._applied[-1]
+
+    def repeat(self, record: Record) -> Record:
+        """A copy of ``record`` as the newest command, without an undo log: a load's
+        replay found it would make the very same change again (see ``session.replay``)."""
+        copy = _without_undo(record, index=self._next)
+        self._next += 1
+        self._applied.append(copy)
+        self._records.append(copy)
+        model = record.model()
+        if model is not None:
+            REGISTRY.commands.setdefault(model, []).append(_without_undo(copy))
+        return copy
+
+    def drop_copy(self) -> bool:
+        """Take the newest record out if it holds no undo log (a copy :meth:`repeat`
+        made, nothing to revert); False if it has one (undo reverts it)."""
+        record = self._applied[-1] if self._applied else None
+        if record is None or record.tx is not None:
+            return False
+        self._discard(record)
+        return True
+
+    def trim(self, max_entries: int, max_bytes: int) -> None:
+        """Drop the oldest records beyond the limits (after a load's replay, sealed)."""
+        drop = self._overflow(max_entries, max_bytes)
+        for old in self._records[:drop]:
+            old.tx = None
+        del self._records[:drop]
 
     def holds(self, tx: Transaction) -> bool:
         """Whether ``tx`` is the undo log of a recorded (so: applied) command."""
@@ -197,7 +265,14 @@ class History:
 
     def seal_replayed(self, count: int) -> None:
         """The newest ``count`` records were replayed from a checkpoint: they stay listed
-        and applied, but cannot be undone (their undo logs hold a fresh model's state)."""
+        and applied, but cannot be undone (their undo logs hold a fresh model's state).
+        Counting the seal comes first: it is the load's commit point, and sealing the
+        records again (:meth:`sealed`) finishes an interrupted seal."""
+        self.seals += 1
+        self.sealed(count)
+
+    def sealed(self, count: int) -> None:
+        """The newest ``count`` records marked replayed and their undo logs dropped."""
         for record in self._records[len(self._records) - count :] if count else ():
             record.tx, record.stale = None, REPLAYED
 
@@ -227,6 +302,12 @@ class History:
             record.tx = None
         self._records = []
         return cleared
+
+
+def _without_undo(record: Record, **changes: object) -> Record:
+    """A copy of ``record`` holding no undo log and nothing of the session that made it
+    (what the registry keeps beyond that session)."""
+    return replace(record, tx=None, observed=None, recorder=None, **changes)  # type: ignore[arg-type]
 
 
 def _entry(record: Record) -> HistoryEntry:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from ...advice import Call
-from ...devices.placement import find_misplaced, reference_device
+from ...devices.placement import find_misplaced, odd_part, reference_device
 from ..context import DoctorContext, ModelEntry
 from ..findings import Finding, first_names
 from ..registry import CheckGroup
@@ -35,6 +35,23 @@ def off_session_device(context: DoctorContext, model: ModelEntry) -> Iterator[Fi
                 f"{name}.to('{device}'))",
             ),
         )
+
+
+@checks.each_model
+def part_moved_by_hand(context: DoctorContext, model: ModelEntry) -> Iterator[Finding]:
+    """A part of the model cast to another dtype, or moved to the meta device (it holds no
+    weights then), by hand: the next forward fails (``fit`` refuses it). Other devices are
+    the ``device`` finding's."""
+    odd = odd_part(model.module, model.name)
+    if odd is None or (odd.kind == "device" and odd.found != "meta"):
+        return
+    yield Finding(
+        "part-moved-by-hand",
+        "error",
+        odd.part,
+        odd.what(model.name),
+        odd.fix,
+    )
 
 
 @checks.each_model
