@@ -19,7 +19,9 @@ RESIZE_RATIO = 256 / 224  # resize before the centre crop, as torchvision's pres
 @dataclass(frozen=True)
 class Pipelines:
     """The evaluation and training transforms, and what they came from (``source``:
-    the weights' name; None: no known weights, ImageNet's normalisation)."""
+    the weights' name; None: no known weights, ImageNet's normalisation). ``size`` is the
+    crop's side, ``resize`` the shorter side before it (None: the weights' transform does
+    not say)."""
 
     eval: Callable
     train: Callable
@@ -27,6 +29,7 @@ class Pipelines:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     source: str | None
+    resize: int | None = None
 
 
 def pipelines(preprocess: Callable | None, info: WeightsInfo | None, size: int | None) -> Pipelines:
@@ -43,6 +46,7 @@ def pipelines(preprocess: Callable | None, info: WeightsInfo | None, size: int |
     normalize = [transforms.ToTensor(), transforms.Normalize(mean, std)]
     if known and crop == native and preprocess is not None:
         evaluation: Callable = preprocess
+        resize = info.resize_size if info is not None else None
     else:
         resize = round(crop * RESIZE_RATIO)
         evaluation = transforms.Compose(
@@ -52,4 +56,4 @@ def pipelines(preprocess: Callable | None, info: WeightsInfo | None, size: int |
         [transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(), *normalize]
     )
     source = info.name if known and info is not None else None
-    return Pipelines(evaluation, training, crop, tuple(mean), tuple(std), source)
+    return Pipelines(evaluation, training, crop, tuple(mean), tuple(std), source, resize)

@@ -185,10 +185,12 @@ def export(
     options: ExportOptions,
     *,
     labels: tuple[str, ...] | None = None,
+    preprocessing: metadata.Preprocessing | None = None,
 ) -> InferenceReport:
     """Write ``model`` for inference to ``path`` in the format of ``suffix`` (checked by
     ``files.destination``), verified against the live model (see the module's docstring).
-    ``labels``: the class names the session keeps for it."""
+    ``labels``: the class names the session keeps for it; ``preprocessing``: the
+    transforms it was trained with when known (``load_data``'s), else the weights'."""
     check_export(model, name, loaded, suffix, options)
     kind = formats.FORMATS[suffix]
     loaded = _still_loaded(model, loaded)
@@ -198,7 +200,7 @@ def export(
     checked = probe.batch(PROBE_BATCH, dtype)
     reference = _live_outputs(model, checked)
     labels = metadata.labels_of(twin, loaded, reference.shape[-1], labels)
-    preprocessing = metadata.preprocessing_of(loaded)
+    preprocessing = preprocessing or metadata.preprocessing_of(loaded)
     stored = metadata.fields(labels, preprocessing, probe.shape, probe.dtype_name(dtype))
     adapters = len(peft.lora_layers(unwrap(model)))
     module = formats.Outputs(twin).eval()

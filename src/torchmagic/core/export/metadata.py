@@ -19,6 +19,7 @@ from torch import nn
 from ...version import __version__
 
 if TYPE_CHECKING:
+    from ..data.transforms import Pipelines
     from ..zoo import LoadedModel
 
 LABELS = "labels"
@@ -30,14 +31,20 @@ KEYS = (LABELS, PREPROCESSING, INPUT, PRODUCER)
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """The evaluation transforms of the weights the model was loaded with: resize the
-    shorter side to ``resize_size``, centre-crop ``crop_size``, normalise by ``mean`` and
-    ``std`` (None: not known)."""
+    """The evaluation transforms of the model's data (``load_data``'s) or of the weights
+    it was loaded with: resize the shorter side to ``resize_size``, centre-crop
+    ``crop_size``, normalise by ``mean`` and ``std`` (None: not known)."""
 
     resize_size: int | None
     crop_size: int | None
     mean: tuple[float, ...] | None
     std: tuple[float, ...] | None
+
+
+def of_pipelines(built: Pipelines) -> Preprocessing:
+    """What ``load_data`` built the model's data with (its ``size``, the weights'
+    normalisation)."""
+    return Preprocessing(built.resize, built.size, built.mean, built.std)
 
 
 def preprocessing_of(loaded: LoadedModel | None) -> Preprocessing | None:

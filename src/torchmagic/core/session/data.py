@@ -63,5 +63,7 @@ def load_data(
     )
     namespace[bind[0]], namespace[bind[1]] = found.train_loader, found.val_loader
     if name is not None:
-        session.class_names.keep(unwrap(session.workspace.resolve_model(name)[1]), found.classes)
+        module = unwrap(session.workspace.resolve_model(name)[1])
+        session.class_names.keep(module, found.classes)
+        session.pipelines[module] = found.pipelines
     return replace(found, bound=bind, model=name)

@@ -138,10 +138,11 @@ def predict(
     if given is not None:
         given = names.variable(workspace, given, "transforms")  # type: ignore[assignment]
     loaded = _loaded(session, real)
+    built = session.pipelines.get(real)  # load_data's, at the size it was told
     loaders = [(n, v) for n, v in workspace.items() if isinstance(v, DataLoader)]
     transform = eval_transforms(
         given,  # type: ignore[arg-type]
-        None if loaded is None else loaded.preprocess,
+        built.eval if built is not None else None if loaded is None else loaded.preprocess,
         loaders,
     )
     found = run_prediction(

@@ -18,6 +18,7 @@ from torch import nn
 from ..advice import Command
 from ..checkpoint import ResumeReport, SaveReport
 from ..data import ImageFolders
+from ..data.transforms import Pipelines
 from ..devices.batch_size import BatchSizeReport
 from ..devices.compare import CompareReport
 from ..devices.device import DeviceReport, MoveReport, list_devices, resolve_device
@@ -116,6 +117,11 @@ class Session:
         self.loaded: dict[str, LoadedModel] = {}  # variable → what load_model built it with
         # each model's class names: given with labels= (undoable) or found by load_data
         self.class_names = ClassNames()
+        # each model's transforms as load_data built them (its size): what predict and
+        # the export's preprocessing use before the weights' own
+        self.pipelines: weakref.WeakKeyDictionary[nn.Module, Pipelines] = (
+            weakref.WeakKeyDictionary()
+        )
         self.last_pinbench: PinReport | None = None  # the doctor quotes its figure
         # step(accumulate=N): each optimizer's open window of micro-batches
         self._windows: weakref.WeakKeyDictionary[torch.optim.Optimizer, Accumulation] = (

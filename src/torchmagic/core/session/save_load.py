@@ -20,7 +20,15 @@ from ..advice import spelled
 from ..checkpoint import ResumeReport, SaveReport
 from ..checkpoint.provenance import zoo_call
 from ..errors import TorchMagicError
-from ..export import ExportOptions, ExportReport, InferenceReport, files, formats, inference
+from ..export import (
+    ExportOptions,
+    ExportReport,
+    InferenceReport,
+    files,
+    formats,
+    inference,
+    metadata,
+)
 from ..export.script import python_call
 from ..export.script import script as write_script
 from ..export.script import write as write_text
@@ -244,8 +252,16 @@ def export(
     if suffix != ".py":
         loaded = session.loaded.get(target.model_name)
         given = session.class_names.given(unwrap(target.model))
+        built = session.pipelines.get(unwrap(target.model))  # load_data's, at its size
         return inference.export(
-            target.model, target.model_name, loaded, where, suffix, options, labels=given
+            target.model,
+            target.model_name,
+            loaded,
+            where,
+            suffix,
+            options,
+            labels=given,
+            preprocessing=None if built is None else metadata.of_pipelines(built),
         )
     applied = session._history.applied(target.model)
     fits = [f for f in session._fit_calls if f[0] is None or f[0]() is target.model]
