@@ -24,6 +24,10 @@ import torchvision
 from shells import fresh_shell
 
 os.environ.setdefault("TORCH_HOME", tempfile.mkdtemp(prefix="torchmagic-torch-home-"))
+# pytest-xdist hands its workers the controller's terminal width in COLUMNS (80 without a
+# terminal): outputs are drawn as in one process, at the width of the terminal if any.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
