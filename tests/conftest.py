@@ -3,6 +3,7 @@
 The test folders have no ``__init__.py``: this folder is on ``sys.path``, so the helper
 modules beside this file import by name from any folder - ``builders`` (models,
 optimizers and data several folders build alike), ``paths`` (where the repository is),
+``shells`` (in-process IPython shells, emptied when discarded),
 ``snapshots``, ``checkpoint_helpers``, ``cuda_fakes``, ``gloo_ranks``, ``real_kernel``
 (kernels and the one notebook runner) and ``completions``.
 
