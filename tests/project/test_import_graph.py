@@ -13,15 +13,14 @@ import torchmagic
 PACKAGE = Path(torchmagic.__file__).parent
 # What the magics may import from core: the public API (``torchmagic.core``: Session,
 # SessionConfig, TorchMagicError, the result classes), the grammar, results, errors,
-# advice and the constants exported for them, the one style of numbers (``core.numbers``),
-# and the engine half of tab completion.
+# advice and the constants exported for them (the one style of numbers, ``short``, through
+# ``core.advice``), and the engine half of tab completion.
 MAGICS_MAY_IMPORT = {
     "torchmagic.core",
     "torchmagic.core.advice",
     "torchmagic.core.choices",
     "torchmagic.core.completion",
     "torchmagic.core.errors",
-    "torchmagic.core.numbers",
     "torchmagic.core.surgery.grammar",
     "torchmagic.core.surgery.results",
 }

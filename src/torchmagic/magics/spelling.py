@@ -5,8 +5,7 @@ read from the table of flags the magics declare."""
 
 from __future__ import annotations
 
-from ..core.advice import Call, Option
-from ..core.numbers import short
+from ..core.advice import Call, Option, short
 from .usage import FLAGS
 
 # Session methods whose magic is not ``%method``.
