@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import weakref
-from collections.abc import Container, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Container, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeGuard
@@ -25,7 +25,7 @@ from .errors import TorchMagicError
 from .integrations import discovery, ema
 from .integrations.discovery import Found
 from .modules import unwrap
-from .surgery import scheduler_sync
+from .surgery import optimizer_sync, scheduler_sync
 from .surgery.grammar import Target, parse_segment
 from .tensors import optimizer_params, owners
 
@@ -357,10 +357,16 @@ class Workspace:
         name: str | None = None,
         *,
         parameters: Sequence[nn.Parameter],
+        acting_on: Callable[[], Sequence[nn.Parameter]] | None = None,
     ) -> tuple[str | None, torch.optim.Optimizer | None]:
         """The optimizer of ``model`` (whose ``parameters`` are given, each once): named,
         or the one whose params are the model's (by identity), or the one used with this
         model object before (it may be empty now).
+
+        When several optimizers hold (or are the home of) the model's parameters, a
+        command that says which parameters it is ``acting_on`` gets the one holding them
+        (the one holding most of them, when they are spread: the command handles each
+        parameter in its own, see ``BoundModel.others``).
 
         An optimizer that holds parameters but none of ``model``'s is refused, and so is the
         one remembered for a model object ``model_name`` no longer names (the model cell
@@ -380,11 +386,18 @@ class Workspace:
                     f"optimizer={name}: {what}, not a torch.optim.Optimizer", param="optimizer"
                 )
             if not _empty(value) and not _holds(value, ids):
-                if not self._still_used(model_name, model, value):
+                if not self._still_used(model_name, model, value) and not (
+                    optimizer_sync.homed(value, parameters)
+                ):
                     raise self._stale(name, value, model_name)
             return name, value
         optimizers = self.optimizers()
         remembered = self.optimizer_of.get(model_name)
+        if acting_on is not None:
+            holding = self.holding(parameters, optimizers)
+            chosen = _most_of(holding, acting_on(), remembered) if len(holding) > 1 else None
+            if chosen is not None:
+                return chosen
         owning = owners(optimizers, parameters)
         if len(owning) > 1:
             for n, o in owning:
@@ -407,7 +420,24 @@ class Workspace:
             if rebound or (not _empty(value) and not self._still_used(model_name, model, value)):
                 raise self._stale(remembered, value, model_name)
             return remembered, value
-        return None, None
+        left = [(n, o) for n, o in optimizers if optimizer_sync.homed(o, parameters)]
+        return left[0] if len(left) == 1 else (None, None)  # the one they all left
+
+    def holding(
+        self,
+        parameters: Sequence[nn.Parameter],
+        optimizers: Sequence[tuple[str, torch.optim.Optimizer]] | None = None,
+    ) -> list[tuple[str, torch.optim.Optimizer]]:
+        """The optimizers that hold one of ``parameters`` or are the home of one (it left
+        them frozen), each once, in the namespace's order."""
+        ids = {id(p) for p in parameters}
+        out: list[tuple[str, torch.optim.Optimizer]] = []
+        for name, opt in self.optimizers() if optimizers is None else optimizers:
+            if any(o is opt for _, o in out):
+                continue
+            if _holds(opt, ids) or optimizer_sync.homed(opt, parameters):
+                out.append((name, opt))
+        return out
 
     def _stale(
         self, name: str, optimizer: torch.optim.Optimizer, model_name: str
@@ -474,6 +504,25 @@ def _empty(optimizer: torch.optim.Optimizer) -> bool:
 def _holds(optimizer: torch.optim.Optimizer, ids: Container[int]) -> bool:
     """Whether ``optimizer`` holds any parameter whose ``id`` is in ``ids``."""
     return any(id(p) in ids for p in optimizer_params(optimizer))
+
+
+def _most_of(
+    holding: Sequence[tuple[str, torch.optim.Optimizer]],
+    params: Sequence[nn.Parameter],
+    remembered: str | None,
+) -> tuple[str, torch.optim.Optimizer] | None:
+    """Of ``holding``, the one holding (or home of) most of ``params``: the remembered
+    one on a tie; None when none holds any."""
+    ids = {id(p) for p in params}
+    best: tuple[int, bool, int] | None = None
+    chosen = None
+    for rank, (name, opt) in enumerate(holding):
+        held = sum(1 for p in optimizer_params(opt) if id(p) in ids)
+        held += optimizer_sync.homed(opt, [p for p in params if not p.requires_grad])
+        key = (held, name == remembered, -rank)
+        if held and (best is None or key > best):
+            best, chosen = key, (name, opt)
+    return chosen
 
 
 def _under(path: str, target: Target) -> Target:

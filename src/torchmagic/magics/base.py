@@ -44,7 +44,7 @@ OPT = argument(
     dest="optimizer",
     default=None,
     metavar="NAME",
-    help="the optimizer variable (default: the one holding the model's parameters)",
+    help="the optimizer, for this command (default: the one holding what it edits)",
 )
 DRY_RUN = argument("--dry-run", action="store_true", help="show what would change, change nothing")
 

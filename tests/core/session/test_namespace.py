@@ -78,13 +78,27 @@ def test_optimizer_found_by_identity_and_remembered(resnet):
     assert any(g.get("name") == "fc" for g in opt.param_groups)
 
 
-def test_two_optimizers_need_opt(resnet):
+def held(opt: torch.optim.Optimizer) -> set[int]:
+    return {id(p) for g in opt.param_groups for p in g["params"]}
+
+
+def test_two_optimizers_each_parameter_in_those_holding_it(resnet):
+    """``a`` trains the whole model and ``b`` the head again: each command edits each
+    parameter in the optimizers holding it, with no optimizer named."""
     a = torch.optim.SGD(resnet.parameters(), lr=0.1)
     b = torch.optim.Adam(resnet.fc.parameters(), lr=0.1)
     tm = make_ns(model=resnet, a=a, b=b)
-    with pytest.raises(TorchMagicError, match="several optimizers hold 'model': a, b"):
-        tm.freeze("layer1")
-    assert tm.freeze("layer1", optimizer="b").optimizer_name == "b"
+    assert tm.freeze("layer1").optimizer_name == "a"
+    layer1 = {id(p) for p in resnet.layer1.parameters()}
+    assert not layer1 & held(a)
+    tm.freeze("fc")
+    fc = [id(p) for p in resnet.fc.parameters()]
+    assert not set(fc) & held(a) | held(b)
+    tm.unfreeze("fc")  # home again, in one of them (it was in two)
+    assert (held(a) | held(b)) & set(fc) == set(fc)
+    assert not held(a) & held(b)
+    assert tm.freeze("layer2", optimizer="b").optimizer_name == "b"
+    assert not {id(p) for p in resnet.layer2.parameters()} & held(a)
 
 
 def test_schedulers_found_inside_containers(resnet):

@@ -14,7 +14,7 @@ from ..advice import Advice, Call, Command
 from ..choices import POLICIES
 from ..errors import TorchMagicError
 from ..integrations import discovery
-from ..modules import walk_model
+from ..modules import ModelWalk, unique_parameters, walk_model
 from ..options import (
     FreezeOptions,
     LoraOptions,
@@ -22,7 +22,7 @@ from ..options import (
     UnfreezeOptions,
     given_fields,
 )
-from ..surgery import edits, lora, model_checks
+from ..surgery import edits, heads, lora, model_checks
 from ..surgery.base_lrs import set_base_lrs as set_group_base_lrs
 from ..surgery.counting import describe_groups, group_keys
 from ..surgery.grammar import (
@@ -163,7 +163,7 @@ def _finish(session: Session, target: edits.BoundModel, tx: Transaction) -> None
     simply run again."""
     tx.commit()
     session.workspace.current = target.model_name
-    if target.optimizer_name is not None:
+    if target.optimizer_name is not None and not target.named:  # a named one: this command's
         session.workspace.remember(target.model_name, target.model, target.optimizer_name)
 
 
@@ -255,7 +255,7 @@ def replace_head(
     command: Command | None,
 ) -> Change:
     target, root_name, root = names.one_module(
-        session.workspace, None if where == "auto" else where, optimizer
+        session.workspace, None if where == "auto" else where, optimizer, acting_on=_old_heads
     )
     num_classes, labels = given.num_classes, given.labels
     if num_classes is None:
@@ -282,6 +282,12 @@ def replace_head(
         dry_run=dry_run,
         replay=Replay("replace_head", (root_name,), given_fields(options)),
     )
+
+
+def _old_heads(model: nn.Module, root_name: str, walked: ModelWalk) -> list[nn.Parameter]:
+    """The parameters of the heads a replace_head at ``root_name`` replaces."""
+    found = heads.locate(model, root_name or None, walked.modules)
+    return unique_parameters([h.module for h in found])
 
 
 def _named_head(

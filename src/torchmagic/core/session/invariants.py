@@ -97,15 +97,19 @@ def check(
 def _group_problems(
     target: BoundModel, alive: list[object], parameters: Sequence[nn.Parameter]
 ) -> dict[tuple, str]:
-    opt = target.optimizer
-    if opt is None:
+    """Each trainable parameter in exactly one group of all the model's optimizers, no
+    frozen one in any, none the model lost in any."""
+    named = [(target.optimizer_name, target.optimizer)] if target.optimizer is not None else []
+    named += [(o.name, o.optimizer) for o in target.others]
+    if not named:
         return {}
     counts: dict[int, int] = {}
-    held: dict[int, nn.Parameter] = {}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            counts[id(p)] = counts.get(id(p), 0) + 1
-            held[id(p)] = p
+    held: dict[int, tuple[nn.Parameter, str]] = {}
+    for opt_name, opt in named:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                counts[id(p)] = counts.get(id(p), 0) + 1
+                held.setdefault(id(p), (p, opt_name or "the optimizer"))
     found: dict[tuple, tuple[nn.Parameter, str]] = {}
     for p in parameters:
         n = counts.pop(id(p), 0)
@@ -115,17 +119,19 @@ def _group_problems(
             found[(_NO_GROUP, id(p))] = (p, _NO_GROUP)
         elif n and not p.requires_grad:
             found[(_FROZEN, id(p))] = (p, _FROZEN)
-    for key in counts:  # in the optimizer, not in the model
-        found[(_GONE, key)] = (held[key], _GONE)
+    for key in counts:  # in an optimizer, not in the model
+        found[(_GONE, key)] = (held[key][0], _GONE)
     if not found:
         return {}
     alive.extend(p for p, _ in found.values())
     names = {id(p): name for name, p in target.model.named_parameters(remove_duplicate=False)}
-    opt_name = target.optimizer_name or "the optimizer"
-    return {
-        key: f"parameter {names.get(id(p), f'of shape {tuple(p.shape)}')} {why} of '{opt_name}'"
-        for key, (p, why) in found.items()
-    }
+    every = " or ".join(f"'{n}'" for n, _ in named)
+
+    def line(p: nn.Parameter, why: str) -> str:
+        where = f"'{held[id(p)][1]}'" if id(p) in held else every
+        return f"parameter {names.get(id(p), f'of shape {tuple(p.shape)}')} {why} of {where}"
+
+    return {key: line(p, why) for key, (p, why) in found.items()}
 
 
 def _scheduler_problems(target: BoundModel, alive: list[object]) -> dict[tuple, str]:

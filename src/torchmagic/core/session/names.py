@@ -5,7 +5,7 @@ loaders. Resolving binds nothing: one walk of the namespace serves a whole call.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import TorchMagicError
 from ..integrations import discovery
-from ..modules import unwrap, walk_model
+from ..modules import ModelWalk, unwrap, walk_model
 from ..surgery import edits, model_checks
 from ..surgery.grammar import Target, parse_targets, suffix_list
 from ..surgery.selection import Selection, resolve, select
@@ -39,23 +39,38 @@ def namespace_of(
 
 
 def bind(
-    workspace: Workspace, name: str, model: nn.Module, optimizer: str | None, reading: bool
+    workspace: Workspace,
+    name: str,
+    model: nn.Module,
+    optimizer: str | None,
+    reading: bool,
+    walked: ModelWalk | None = None,
+    acting_on: Callable[[], Sequence[nn.Parameter]] | None = None,
 ) -> edits.BoundModel:
     """``model`` with its optimizer and schedulers, walked once (the walk every step of
-    the command reads). An optimizer holding none of its parameters is refused;
-    ``reading`` (commands that only show) treats it as none."""
+    the command reads), and the other optimizers holding its parameters. An optimizer
+    holding none of its parameters is refused; ``reading`` (commands that only show)
+    treats it as none. ``walked``: the model's walk when the caller has made it;
+    ``acting_on``: the parameters the command edits (they choose among several
+    optimizers, see ``Workspace.resolve_optimizer``)."""
     with workspace.pinned():
         real = unwrap(model)
-        walked = walk_model(real)
+        walked = walk_model(real) if walked is None else walked
         try:
             opt_name, opt = workspace.resolve_optimizer(
-                name, real, optimizer, parameters=walked.parameters
+                name,
+                real,
+                optimizer,
+                parameters=walked.parameters,
+                acting_on=acting_on,
             )
         except StaleOptimizerError:
             if not reading:
                 raise
             opt_name, opt = None, None
         copies, unclear = workspace.ema_copies(real)
+        found = workspace.found()
+        others = [] if reading else other_optimizers(workspace, found, name, real, walked, opt)
         return edits.BoundModel(
             real,
             name,
@@ -67,8 +82,32 @@ def bind(
             rebuilt=None if opt_name is None else workspace.rebuilt(opt_name),
             ema_copies=copies,
             ema_unclear=unclear,
-            holders=discovery.holders(workspace.found(), real, name, opt, opt_name),
+            holders=discovery.holders(found, real, name, opt, opt_name),
+            others=others,
+            named=optimizer is not None,
         )
+
+
+def other_optimizers(
+    workspace: Workspace,
+    found: list,
+    name: str,
+    model: nn.Module,
+    walked: ModelWalk,
+    opt: torch.optim.Optimizer | None,
+) -> list[edits.OtherOptimizer]:
+    """The optimizers other than ``opt`` holding ``model``'s parameters or their homes."""
+    return [
+        edits.OtherOptimizer(
+            other_name,
+            other,
+            workspace.schedulers(other),
+            workspace.rebuilt(other_name),
+            discovery.holders(found, model, name, other, other_name),
+        )
+        for other_name, other in workspace.holding(walked.parameters)
+        if other is not opt
+    ]
 
 
 def bound(
@@ -106,12 +145,15 @@ def selection(
         parsed = parse_targets(targets) if targets else ()
         excluded = parse_targets(exclude)
         name, model, relative = workspace.split_root(parsed)
-        target = bind(workspace, name, model, optimizer, False)
-        model_checks.check_editable(target.model, name, target.walked)
+        real = unwrap(model)
+        walked = walk_model(real)
+        model_checks.check_editable(real, name, walked)
         relative_excluded = [workspace.relative_to(name, t) for t in excluded]
+        chosen = select(real, relative, relative_excluded, suffixes, walked)
+        target = bind(workspace, name, real, optimizer, False, walked, chosen.parameters)
         return Selected(
             target,
-            select(target.model, relative, relative_excluded, suffixes, target.walked),
+            chosen,
             tuple(_relative_text(t) for t in relative),
             tuple(_relative_text(t) for t in relative_excluded),
         )
@@ -127,11 +169,17 @@ def _relative_text(target: Target) -> str:
 
 
 def one_module(
-    workspace: Workspace, where: str | None, optimizer: str | None = None, reading: bool = False
+    workspace: Workspace,
+    where: str | None,
+    optimizer: str | None = None,
+    reading: bool = False,
+    acting_on: Callable[[nn.Module, str, ModelWalk], Sequence[nn.Parameter]] | None = None,
 ) -> tuple[edits.BoundModel, str, nn.Module]:
     """The model ``where`` names (or the current one) and the one module inside it
     that ``where``'s path names: (bound model, relative name, module). ``reading``:
-    refuse only models surgery cannot read, else those it cannot edit."""
+    refuse only models surgery cannot read, else those it cannot edit. ``acting_on``:
+    the parameters the command edits, given the model, the module's name and the walk
+    (see :func:`bind`)."""
     with workspace.pinned():
         if where is None:
             name, model = workspace.resolve_model()
@@ -139,17 +187,23 @@ def one_module(
         else:
             name, model, relative_targets = workspace.split_root(parse_targets([where]))
             relative = relative_targets[0]
-        target = bind(workspace, name, model, optimizer, reading)
+        real = unwrap(model)
+        walked = walk_model(real)
         if reading:
-            model_checks.check_readable(name, target.walked)
+            model_checks.check_readable(name, walked)
         else:
-            model_checks.check_editable(target.model, name, target.walked)
-        if relative is None or relative.is_whole:
-            return target, "", target.model
-        hits = resolve(target.model, relative)
-        if len(hits) != 1:
-            raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one", param="where")
-        return target, hits[0][0], hits[0][1]
+            model_checks.check_editable(real, name, walked)
+        module_name, module = "", real
+        if relative is not None and not relative.is_whole:
+            hits = resolve(real, relative)
+            if len(hits) != 1:
+                raise TorchMagicError(
+                    f"'{where}' names {len(hits)} modules; name one", param="where"
+                )
+            module_name, module = hits[0]
+        edited = None if acting_on is None else lambda: acting_on(real, module_name, walked)
+        target = bind(workspace, name, real, optimizer, reading, walked, edited)
+        return target, module_name, module
 
 
 def variable(workspace: Workspace, value: object, param: str) -> object:

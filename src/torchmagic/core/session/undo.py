@@ -17,7 +17,7 @@ from ..surgery.edits import BoundModel, measure
 from ..surgery.history import DROPPED, REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
 from ..surgery.results import Change, Counts, Effect
 from ..surgery.transaction import uninterrupted
-from . import invariants
+from . import invariants, names
 
 if TYPE_CHECKING:
     from .facade import Session
@@ -77,16 +77,19 @@ def undo(session: Session) -> Change:
     workspace = session.workspace
     schedulers = workspace.schedulers(opt) if opt is not None else []
     copies, unclear = workspace.ema_copies(model)
+    walked = walk_model(model)
+    name = record.change.model_name
     target = BoundModel(
         model,
-        record.change.model_name,
-        walk_model(model),
+        name,
+        walked,
         opt,
         record.change.optimizer_name,
         list(schedulers),
         workspace.names(),
         ema_copies=copies,
         ema_unclear=unclear,
+        others=names.other_optimizers(workspace, workspace.found(), name, model, walked, opt),
     )
     observed = invariants.observe(target, measure(target, target.walked))
     if isinstance(record.observed, invariants.Observed):  # what it was before the command

@@ -16,7 +16,7 @@ from torch import nn
 from ..advice import Advice, Call, Option
 from ..errors import TorchMagicError
 from ..integrations import peft
-from ..modules import ModelWalk, is_batchnorm, parent_of, unique_parameters
+from ..modules import ModelWalk, is_batchnorm, parameter_names, parent_of, unique_parameters
 from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
 from .counting import group_keys, scan
@@ -25,6 +25,18 @@ from .optimizer_sync import OptimizerEditor, group_index, group_label
 from .results import Counts, Effect
 from .selection import Block, Selection
 from .transaction import Transaction
+
+
+@dataclass(frozen=True)
+class OtherOptimizer:
+    """Another optimizer holding some of the model's parameters (or their home groups),
+    with the schedulers driving it: each parameter is edited in the optimizer holding it."""
+
+    name: str
+    optimizer: torch.optim.Optimizer
+    schedulers: list
+    rebuilt: str | None = None  # as BoundModel's
+    holders: list = field(default_factory=list)  # as BoundModel's
 
 
 @dataclass
@@ -49,6 +61,34 @@ class BoundModel:
     # objects that may set the optimizer's lrs or the model's trainability on their own
     # (discovery.Holder): named by the command, refused when a new group would lose its lr
     holders: list = field(default_factory=list)
+    # the other optimizers holding the model's parameters (a backbone's and a head's)
+    others: list[OtherOptimizer] = field(default_factory=list)
+    # whether the user named the optimizer for this command (then it takes what it is given)
+    named: bool = False
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer holding the model's parameters, its own first."""
+        own = [] if self.optimizer is None else [self.optimizer]
+        return own + [o.optimizer for o in self.others]
+
+    def held(self) -> dict[int, int]:
+        """Which param group holds each parameter, by ``id``, in any of its optimizers."""
+        where: dict[int, int] = {}
+        for opt in reversed(self.optimizers()):
+            where.update(group_index(opt))
+        return where
+
+    def with_optimizer(self, other: OtherOptimizer) -> BoundModel:
+        """This model bound to ``other`` instead: what editing it there reads."""
+        return replace(
+            self,
+            optimizer=other.optimizer,
+            optimizer_name=other.name,
+            schedulers=other.schedulers,
+            rebuilt=other.rebuilt,
+            holders=other.holders,
+            others=[],
+        )
 
 
 def check_new_group(target: BoundModel, opt: torch.optim.Optimizer, refs: Sequence[int]) -> None:
@@ -105,13 +145,11 @@ def _acted_on(selection: Selection) -> list[Block]:
     ]
 
 
-def _states(
-    model: nn.Module, blocks: Sequence[Block], opt: torch.optim.Optimizer | None
-) -> list[tuple]:
+def _states(target: BoundModel, model: nn.Module, blocks: Sequence[Block]) -> list[tuple]:
     """What a freeze or unfreeze can change in each block (looked up by name, so a swapped
     BatchNorm counts): its modules' identity, mode and pre-hooks, its parameters'
-    trainability and optimizer membership."""
-    held = group_index(opt) if opt is not None else {}
+    trainability and optimizer membership (in any of the model's optimizers)."""
+    held = target.held()
     states = []
     for block in blocks:
         live = Block(block.name, model.get_submodule(block.name), block.recurse)
@@ -144,7 +182,7 @@ def measure(target: BoundModel, walked: ModelWalk) -> Measured:
     state = (
         scanned.modules,
         scanned.parameters,
-        tuple(group_keys(target.optimizer).values()),
+        tuple(tuple(group_keys(opt).values()) for opt in target.optimizers()),
         tuple(peft.enabled(m) for _, m in named if peft.is_lora_layer(m)),
     )
     return Measured(scanned.counts, state, scanned.held_by_model, named)
@@ -166,7 +204,7 @@ def _effect(
     command leaves them (their state in ``before`` is unchanged), the parameters whose
     trainability ``flipped``, and what ``--except`` kept out."""
     names = tuple(b.name or "(whole model)" for b in blocks)
-    after = _states(selection.model, blocks, target.optimizer)
+    after = _states(target, selection.model, blocks)
     already = tuple(name for name, old, new in zip(names, before, after, strict=True) if old == new)
     if selection.excluded:
         names = selection.scope
@@ -212,13 +250,17 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
         raise TorchMagicError(f"nothing to freeze: {why}")
     blocks = _acted_on(selection)
-    before = _states(selection.model, blocks, target.optimizer)
+    before = _states(target, selection.model, blocks)
     flipped = [p for p in params if p.requires_grad]
-    held = group_index(target.optimizer) if target.optimizer is not None else {}
+    held = target.held()
     resynced = [p for p in params if not p.requires_grad and id(p) in held]
     freed = 0
     if target.optimizer is not None:
         freed = OptimizerEditor(target.optimizer, tx, target.model).remove(params)
+    for other in target.others:  # each parameter leaves every optimizer holding it
+        where = group_index(other.optimizer)
+        if leaving := [p for p in params if id(p) in where]:
+            freed += OptimizerEditor(other.optimizer, tx, target.model).remove(leaving)
     _set_requires_grad(params, False, tx)
     _drop_grads(params, tx)
     copies = [copy for _, copy in target.ema_copies]
@@ -398,13 +440,8 @@ def unfreeze(
             ),
             param="lr" if any(lr is not None for lr in lrs) else "wd",
         )
-    if opt is not None and explicit:
-        for group in opt.param_groups:
-            check_lr(opt, group["lr"])
-    if opt is not None and weight_decay is not None and "weight_decay" not in opt.defaults:
-        raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     acted_on = _acted_on(selection)
-    before = _states(selection.model, acted_on, opt)
+    before = _states(target, selection.model, acted_on)
     swapped, modes = batchnorm.release(
         selection, tx, copies=[copy for _, copy in target.ema_copies]
     )
@@ -424,7 +461,7 @@ def unfreeze(
             f"nothing to unfreeze: {', '.join(selection.names)} has no parameters"
         )
     flipped = [p for p in all_params if not p.requires_grad]
-    held = group_index(opt) if opt is not None else {}
+    held = target.held()
     resynced = [p for p in all_params if p.requires_grad and opt is not None and id(p) not in held]
     notes = [
         f"{t.describe()}: those train too"
@@ -432,62 +469,138 @@ def unfreeze(
         if not t.param.requires_grad
     ]
     if opt is not None:
-        schedulers = target.schedulers
-        adopted = [] if explicit else _adopted(opt, target.model, blocks)
-        taken = {id(new) for _, new in adopted}
-        per_block = [[p for p in ps if id(p) not in taken] for ps in per_block]
-        planned = list(zip(blocks, lrs, per_block, strict=True))
-        returning, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
-        if new_groups and target.rebuilt is not None:
-            instead = (
-                "or unfreeze without lr= (trainability carries into the next fit)"
-                if explicit
-                else "it holds no group they came from, so they cannot go home without lr="
-            )
-            raise TorchMagicError(
-                f"'{target.optimizer_name}' cannot keep a new param group: {target.rebuilt}; "
-                f"give {new_groups[0].name} its group there, {instead}",
-                param="lr",
-            )
-        if new_groups:
-            check_new_group(target, opt, sorted({g.ref for g in new_groups}))
-        scheduler_sync.snapshot(schedulers, opt, tx)
-        editor = OptimizerEditor(opt, tx, target.model)
-        if adopted:
-            where = group_index(opt)
-            places = [(where[id(old)], fresh) for old, fresh in adopted]
-            editor.remove([old for old, _ in adopted])
-            for index, fresh in places:
-                editor.join(index, [fresh])
-            notes.append(
-                f"{len(adopted)} tensor(s) of the module(s) replaced by hand left the "
-                "optimizer with their state; the new ones took their param groups"
-            )
-        moves = _merged(returning)
-        editor.detach_ahead(
-            [p for _, ps in moves for p in ps] + [p for g in new_groups for p in g.params]
-        )
-        for home, ps in moves:
-            editor.join(home, ps)
-        # read before any emptied group is refilled: one may be its own reference
-        factors = [scheduler_sync.present_factor(opt, schedulers, g.ref) for g in new_groups]
-        for new, factor in zip(new_groups, factors, strict=True):
-            index = editor.add_group(
-                new.params,
-                name=new.name,
-                lr=new.base,
-                template=new.template,
+        for part, part_blocks in _routes(target, per_block):
+            notes += _into_optimizer(
+                part,
+                blocks,
+                lrs,
+                part_blocks,
+                tx,
+                explicit=explicit,
                 weight_decay=weight_decay,
+                lr_ratio=lr_ratio,
             )
-            scheduler_sync.follow(
-                schedulers, opt, index, new.ref, new.base, refresh=False, factor=factor
-            )
-        if new_groups:
-            scheduler_sync.refresh_last_lrs(schedulers, opt)
     _set_requires_grad(all_params, True, tx)
     return _effect(
         target, selection, acted_on, before, flipped, bn_modes=modes, notes=notes, resynced=resynced
     )
+
+
+def _routes(
+    target: BoundModel, per_block: Sequence[list[nn.Parameter]]
+) -> list[tuple[BoundModel, list[list[nn.Parameter]]]]:
+    """Which optimizer each block's parameters go to: the one the user named takes them
+    all (unless another trains one already); else a parameter goes to the optimizer
+    holding it, or back to the one it left frozen (the command's when it left several),
+    or, new to all, to the command's."""
+    if not target.others:
+        return [(target, list(per_block))]
+    if target.named:
+        for other in target.others:
+            where = group_index(other.optimizer)
+            taken = [p for ps in per_block for p in ps if id(p) in where and p.requires_grad]
+            if taken:
+                name = parameter_names(target.model).get(id(taken[0]), "a parameter")
+                raise TorchMagicError(
+                    f"{name} is trained by '{other.name}': it cannot join "
+                    f"'{target.optimizer_name}' too; unfreeze it without naming an optimizer, "
+                    "or freeze it first",
+                    param="optimizer",
+                )
+        return [(target, list(per_block))]
+    parts = [target, *(target.with_optimizer(o) for o in target.others)]
+    held = [group_index(part.optimizer) for part in parts if part.optimizer is not None]
+    homes = [
+        optimizer_sync.homes(part.optimizer).indexer(part.optimizer)
+        for part in parts
+        if part.optimizer is not None
+    ]
+    chosen: list[list[list[nn.Parameter]]] = [[[] for _ in per_block] for _ in parts]
+    for b, params in enumerate(per_block):
+        for p in params:
+            places = [i for i, where in enumerate(held) if id(p) in where]
+            if not places:
+                left = [i for i, home in enumerate(homes) if home(p) is not None]
+                places = left[:1] or [0]
+            for i in places:
+                chosen[i][b].append(p)
+    return [(part, ps) for part, ps in zip(parts, chosen, strict=True) if any(ps)]
+
+
+def _into_optimizer(
+    target: BoundModel,
+    blocks: Sequence[Block],
+    lrs: Sequence[float | None],
+    per_block: Sequence[list[nn.Parameter]],
+    tx: Transaction,
+    *,
+    explicit: bool,
+    weight_decay: float | None,
+    lr_ratio: float,
+) -> list[str]:
+    """Put each block's parameters into ``target``'s optimizer (see :func:`unfreeze`);
+    returns the notes it makes."""
+    opt = target.optimizer
+    assert opt is not None
+    if explicit:
+        for group in opt.param_groups:
+            check_lr(opt, group["lr"])
+    if weight_decay is not None and "weight_decay" not in opt.defaults:
+        raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
+    notes: list[str] = []
+    schedulers = target.schedulers
+    adopted = [] if explicit else _adopted(opt, target.model, blocks)
+    taken = {id(new) for _, new in adopted}
+    per_block = [[p for p in ps if id(p) not in taken] for ps in per_block]
+    planned = list(zip(blocks, lrs, per_block, strict=True))
+    returning, new_groups = _plan(target, opt, planned, explicit, lr_ratio)
+    if new_groups and target.rebuilt is not None:
+        instead = (
+            "or unfreeze without lr= (trainability carries into the next fit)"
+            if explicit
+            else "it holds no group they came from, so they cannot go home without lr="
+        )
+        raise TorchMagicError(
+            f"'{target.optimizer_name}' cannot keep a new param group: {target.rebuilt}; "
+            f"give {new_groups[0].name} its group there, {instead}",
+            param="lr",
+        )
+    if new_groups:
+        check_new_group(target, opt, sorted({g.ref for g in new_groups}))
+    scheduler_sync.snapshot(schedulers, opt, tx)
+    editor = OptimizerEditor(opt, tx, target.model)
+    if adopted:
+        where = group_index(opt)
+        places = [(where[id(old)], fresh) for old, fresh in adopted]
+        editor.remove([old for old, _ in adopted])
+        for index, fresh in places:
+            editor.join(index, [fresh])
+        notes.append(
+            f"{len(adopted)} tensor(s) of the module(s) replaced by hand left the "
+            "optimizer with their state; the new ones took their param groups"
+        )
+    moves = _merged(returning)
+    editor.detach_ahead(
+        [p for _, ps in moves for p in ps] + [p for g in new_groups for p in g.params]
+    )
+    for home, ps in moves:
+        editor.join(home, ps)
+    # read before any emptied group is refilled: one may be its own reference
+    factors = [scheduler_sync.present_factor(opt, schedulers, g.ref) for g in new_groups]
+    for new, factor in zip(new_groups, factors, strict=True):
+        index = editor.add_group(
+            new.params,
+            name=new.name,
+            lr=new.base,
+            template=new.template,
+            weight_decay=weight_decay,
+        )
+        scheduler_sync.follow(
+            schedulers, opt, index, new.ref, new.base, refresh=False, factor=factor
+        )
+    if new_groups:
+        scheduler_sync.refresh_last_lrs(schedulers, opt)
+    return notes
 
 
 def _adopted(
@@ -620,6 +733,17 @@ def replace_head(
         scheduler_sync.snapshot(target.schedulers, opt, tx)
         editor = OptimizerEditor(opt, tx, target.model)
         editor.remove(old_params)
+    # another optimizer holding the old head (or its home) gets the new one in its place
+    other_heads = []
+    for other in target.others:
+        held_there = group_index(other.optimizer)
+        if any(id(p) in held_there for p in old_params) or optimizer_sync.homed(
+            other.optimizer, old_params
+        ):
+            other_joining, _ = _head_groups(other.optimizer, [m for _, m in located], new_modules)
+            other_editor = OptimizerEditor(other.optimizer, tx, target.model)
+            other_editor.remove([p for p in old_params if id(p) in held_there])
+            other_heads.append((other_editor, other_joining))
     tx.hold([*old_params, *(b for _, m in located for b in m.buffers())])
     tx.trains_after_undo.extend(p for p in old_params if p.requires_grad)
     tx.stops_after_undo.extend(new_params)
@@ -652,6 +776,9 @@ def replace_head(
             base = float(opt.defaults["lr"])
             index = editor.add_group(groupless, name=located[0][0], lr=base, template=opt.defaults)
             scheduler_sync.follow(target.schedulers, opt, index, head, base)
+    for other_editor, other_joining in other_heads:
+        for index, params in other_joining.items():
+            other_editor.join(index, params)
     old_shape = f"{found[0].in_features}→{found[0].out_features}"
     notes.insert(
         0,

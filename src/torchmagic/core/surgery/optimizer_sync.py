@@ -168,6 +168,16 @@ def homes(optimizer: torch.optim.Optimizer) -> Homes:
     return book
 
 
+def homed(optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> int:
+    """How many of ``params`` have a home group in ``optimizer`` (they left it frozen);
+    an optimizer no command has edited has no book, so no homes."""
+    book = REGISTRY.homes.get(optimizer)
+    if book is None:
+        return 0
+    index = book.indexer(optimizer)
+    return sum(1 for p in params if index(p) is not None)
+
+
 def rehome(optimizer: torch.optim.Optimizer, replaced: Mapping[int, nn.Parameter]) -> None:
     """``optimizer``'s home groups follow parameters replaced by others (see Homes.swap)."""
     book = REGISTRY.homes.get(optimizer)
