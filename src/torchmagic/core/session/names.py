@@ -44,6 +44,7 @@ def bind(
     model: nn.Module,
     optimizer: str | None,
     reading: bool,
+    *,
     walked: ModelWalk | None = None,
     acting_on: Callable[[], Sequence[nn.Parameter]] | None = None,
 ) -> edits.BoundModel:
@@ -150,7 +151,9 @@ def selection(
         model_checks.check_editable(real, name, walked)
         relative_excluded = [workspace.relative_to(name, t) for t in excluded]
         chosen = select(real, relative, relative_excluded, suffixes, walked)
-        target = bind(workspace, name, real, optimizer, False, walked, chosen.parameters)
+        target = bind(
+            workspace, name, real, optimizer, False, walked=walked, acting_on=chosen.parameters
+        )
         return Selected(
             target,
             chosen,
@@ -202,7 +205,7 @@ def one_module(
                 )
             module_name, module = hits[0]
         edited = None if acting_on is None else lambda: acting_on(real, module_name, walked)
-        target = bind(workspace, name, real, optimizer, reading, walked, edited)
+        target = bind(workspace, name, real, optimizer, reading, walked=walked, acting_on=edited)
         return target, module_name, module
 
 
