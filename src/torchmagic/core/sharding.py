@@ -35,6 +35,7 @@ from torch import nn
 from . import distributed
 from .dtensors import is_dtensor, local_nbytes
 from .errors import TorchMagicError
+from .integrations.lookup import state_holder, state_of
 from .modules import parameter_names
 from .surgery import optimizer_sync
 from .surgery.edits import BoundModel
@@ -70,7 +71,7 @@ def shard(target: BoundModel, apply: Callable[[nn.Module], object]) -> ShardRepo
     new = dict(model.named_parameters())
     _check_sharded(old, new, target.model_name)
     if opt is not None:
-        _follow(model, opt, names, new)
+        _follow(model, state_holder(opt), names, new)
         optimizer_sync.rehome(opt, {id(p): new[n] for n, p in old.items() if n in new})
     return ShardReport(
         model_name=target.model_name,
@@ -78,7 +79,7 @@ def shard(target: BoundModel, apply: Callable[[nn.Module], object]) -> ShardRepo
         parameters=len(new),
         sharded=sum(is_dtensor(p) for p in new.values()),
         groups=0 if opt is None else len(opt.param_groups),
-        states=0 if opt is None else len(opt.state),
+        states=0 if opt is None else len(state_of(opt)),
         state_bytes=0 if opt is None else _state_bytes(opt),
         world_size=dist.get_world_size(),
     )
@@ -138,7 +139,9 @@ def _follow(
 ) -> None:
     """The groups' parameters swapped for ``new`` by name, the state sharded through
     torch.distributed.checkpoint (a collective: every rank calls it); on any failure,
-    Ctrl-C included, the optimizer is put back as it was."""
+    Ctrl-C included, the optimizer is put back as it was. ``opt`` is the optimizer that
+    keeps the state (a Lookahead's base: the engine's step at lr 0 must not count as a
+    lookahead step)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_optimizer_state_dict,
@@ -183,7 +186,7 @@ def _follow(
 def _state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(
         local_nbytes(v)
-        for s in opt.state.values()
+        for s in state_of(opt).values()
         for v in s.values()
         if isinstance(v, torch.Tensor)
     )

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from .integrations.lookup import state_of
+
 Named = TypeVar("Named")
 
 # -- bytes ---------------------------------------------------------------------------
@@ -147,9 +149,10 @@ class StateTensor(NamedTuple):
 def state_entries(optimizer: torch.optim.Optimizer) -> Iterator[StateTensor]:
     """Every state tensor of the parameters in the optimizer's groups, in group order
     (``optimizer.state`` is a defaultdict: it is read with ``.get``, never indexed)."""
+    state = state_of(optimizer)
     for gi, group in enumerate(optimizer.param_groups):
         for pi, p in enumerate(group["params"]):
-            for key, value in (optimizer.state.get(p) or {}).items():
+            for key, value in (state.get(p) or {}).items():
                 if isinstance(value, torch.Tensor):
                     yield StateTensor(gi, pi, group, p, key, value)
 
@@ -159,10 +162,9 @@ def state_tensors(
 ) -> Iterator[torch.Tensor]:
     """Tensors in the optimizer's state (of ``params`` only, when given), each once;
     also the state of parameters no group holds any more."""
+    state = state_of(optimizer)
     entries = (
-        optimizer.state.values()
-        if params is None
-        else (s for p in params if (s := optimizer.state.get(p)) is not None)
+        state.values() if params is None else (s for p in params if (s := state.get(p)) is not None)
     )
     return unique(v for s in entries for v in s.values() if isinstance(v, torch.Tensor))
 

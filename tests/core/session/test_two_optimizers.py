@@ -9,9 +9,9 @@ from copy import deepcopy
 
 import pytest
 import torch
-from builders import named_mlp
 from torch import nn
 
+from builders import named_mlp
 from torchmagic import Session, TorchMagicError
 from torchmagic.core.session import invariants, names
 

@@ -36,6 +36,7 @@ from torch import nn
 from ..advice import Command, spelled
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..integrations.lookup import state_holder, state_of
 from ..modules import is_batchnorm, parameter_names
 from ..rng import capture_rng
 from ..surgery import batchnorm, scheduler_sync
@@ -93,6 +94,14 @@ class ResumeReport:
 def class_name(obj: object) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def optimizer_class(opt: object) -> str:
+    """The optimizer's class as a resume must match it: with the class of the base
+    optimizer that one stepping another keeps its state in (``torch.optim.adamw.AdamW in
+    timm.optim.lookahead.Lookahead``), whose moments the file holds."""
+    base = state_holder(opt)
+    return class_name(opt) if base is opt else f"{class_name(base)} in {class_name(opt)}"
 
 
 def short_name(qualified: str) -> str:
@@ -260,12 +269,12 @@ def capture(
             )
         state = {
             names[id(p)]: plain(dict(s), f"the optimizer state of {names[id(p)]}")
-            for p, s in opt.state.items()
+            for p, s in state_of(opt).items()
             if id(p) in names and s
         }
         payload["optimizer"] = {
             "name": target.optimizer_name,
-            "class": class_name(opt),
+            "class": optimizer_class(opt),
             "groups": groups,
             "state": state,
         }

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_of
 from ..modules import parameter_names
 from ..rng import capture_rng, restore_rng
 from ..surgery import scheduler_sync
@@ -57,14 +58,15 @@ def load_states(payload: dict, target: BoundModel) -> None:
     saved = payload["optimizer"]
     if opt is not None and saved is not None:
         names = parameter_names(model)
+        live = state_of(opt)
         for group, saved_group in zip(opt.param_groups, saved["groups"], strict=True):
             group.update(_owned(saved_group["hyperparameters"]))
             for p in group["params"]:
                 state = saved["state"].get(names[id(p)])
                 if state is None:
-                    opt.state.pop(p, None)
+                    live.pop(p, None)
                 else:
-                    opt.state[p] = {k: _placed(v, p, group, k) for k, v in state.items()}
+                    live[p] = {k: _placed(v, p, group, k) for k, v in state.items()}
     for scheduler, state in zip(
         scheduler_sync.roots(target.schedulers), payload["schedulers"], strict=True
     ):
@@ -117,7 +119,7 @@ def keep_states(
     way leaves the state before it. The weights are backed up last: nothing before
     changes anything."""
     model, opt = target.model, target.optimizer
-    state = None if opt is None else dict(opt.state)
+    state = None if opt is None else dict(state_of(opt))
     groups = [] if opt is None else [dict(g) for g in opt.param_groups]
     roots = scheduler_sync.roots(target.schedulers)
     schedulers = [copy.deepcopy(s.state_dict()) for s in roots]  # type: ignore[attr-defined]
@@ -132,8 +134,9 @@ def keep_states(
         def put_back() -> None:
             weights_back()
             if opt is not None and state is not None:
-                opt.state.clear()
-                opt.state.update(state)
+                live = state_of(opt)
+                live.clear()
+                live.update(state)
                 for group, kept in zip(opt.param_groups, groups, strict=True):
                     group.clear()
                     group.update(kept)

@@ -13,7 +13,14 @@ from ..surgery import scheduler_sync
 from ..surgery.edits import BoundModel
 from ..training.amp import choose_dtype
 from . import integrity
-from .records import bn_policies, class_name, head_layer, label_maps, short_name
+from .records import (
+    bn_policies,
+    class_name,
+    head_layer,
+    label_maps,
+    optimizer_class,
+    short_name,
+)
 
 
 def _refuse(path: str, reason: str) -> TorchMagicError:
@@ -69,10 +76,10 @@ def check_fresh(
             f"the file holds a {short_name(opt['class'])} state and no optimizer "
             f"holds the parameters of '{name}'",
         )
-    if opt is not None and class_name(target.optimizer) != opt["class"]:
+    if opt is not None and optimizer_class(target.optimizer) != opt["class"]:
         raise _refuse(
             path,
-            f"the optimizer is a {class_name(target.optimizer)}, the file's is {opt['class']}",
+            f"the optimizer is a {optimizer_class(target.optimizer)}, the file's is {opt['class']}",
         )
     live = [class_name(s) for s in scheduler_sync.roots(target.schedulers)]
     saved_schedulers = [s["class"] for s in payload["schedulers"]]

@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_of
 from ..modules import unwrap
 from ..tensors import state_tensors, total_bytes
 from ..training.amp import scaled_step
@@ -112,8 +113,10 @@ class _Snapshot:
             (p, None if p.grad is None else _host(p.grad)) for p in model.parameters()
         ]
         self.state: dict[torch.Tensor, dict] = {}
+        # the groups' settings: a step may count in them (timm's Lookahead's lookahead_step)
+        self.groups = [] if optimizer is None else [dict(g) for g in optimizer.param_groups]
         if optimizer is not None:
-            for p, entry in optimizer.state.items():
+            for p, entry in state_of(optimizer).items():
                 self.state[p] = {k: _host(v) if torch.is_tensor(v) else v for k, v in entry.items()}
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -130,7 +133,7 @@ class _Snapshot:
             for p, grad in self.grads:
                 p.grad = None if grad is None else grad.to(p.device)
         if self.optimizer is not None:
-            state = self.optimizer.state
+            state = state_of(self.optimizer)
             for p in [p for p in state if p not in self.state]:
                 del state[p]
             for p, saved_entry in self.state.items():
@@ -143,6 +146,8 @@ class _Snapshot:
                             live[key].copy_(value)
                     else:
                         live[key] = value.clone() if torch.is_tensor(value) else value
+            for group, settings in zip(self.optimizer.param_groups, self.groups, strict=True):
+                group.update(settings)
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)

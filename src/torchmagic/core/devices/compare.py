@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_holder
 from ..modules import unwrap
 from ..rng import preserved_rng
 from ..tensors import leaves, nbytes, state_bytes, total_bytes
@@ -153,11 +154,13 @@ def replicate(
     """A deep copy of ``model`` on ``device`` and a fresh optimizer over it: same class,
     same param groups (hyper-parameters included), a copy of the state. Never a deep copy
     of the optimizer itself: an LR scheduler's wrapper around ``step`` would still step the
-    live one."""
+    live one. An optimizer stepping a base one (timm's ``Lookahead``) is copied as its
+    base, which holds the groups and the state: the slow update every k steps is not timed."""
     memo: dict[int, Any] = {}
     replica = copy.deepcopy(model, memo).to(device)
     if optimizer is None:
         return replica, torch.optim.SGD(p for p in replica.parameters() if p.requires_grad)
+    optimizer = state_holder(optimizer)
     groups = []
     for group in optimizer.param_groups:
         params = [copy.deepcopy(p, memo) for p in group["params"]]
@@ -296,8 +299,11 @@ def compare(
             _time_on(d, real, optimizer, inputs, targets, loss_fn, steps=steps, warmup=warmup)
             for d in targets_list
         )
+    base = state_holder(optimizer)
     if optimizer is None:
         optimizer_name = "SGD (no optimizer holds the model)"
+    elif base is not optimizer:
+        optimizer_name = f"{type(base).__name__} (the {type(optimizer).__name__}'s base)"
     else:
         optimizer_name = type(optimizer).__name__
     reasons = [f"no CUDA device ({cuda_note()})"] if not torch.cuda.is_available() else []

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_of
 from ..modules import unwrap
 from ..tensors import nbytes, state_entries
 from . import hostmem
@@ -262,7 +263,7 @@ def _move_optimizer(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
     """Each state tensor to its parameter's device, replaced in the same dict entry."""
     misplaced = [e for e in state_entries(optimizer) if e.misplaced]
     for e in misplaced:
-        optimizer.state[e.param][e.key] = e.value.to(e.param.device)
+        state_of(optimizer)[e.param][e.key] = e.value.to(e.param.device)
     return sum(nbytes(e.value) for e in misplaced), len(misplaced)
 
 

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..integrations.lookup import state_of
 from ..meta import compute_dtype, meta_replica, refuse_lazy
 from ..modules import unwrap
 from ..tensors import state_bytes, total_bytes
@@ -192,13 +193,14 @@ def _state_estimate(
         return _State(_rule_bytes(rule, trainable), _describe(rule), rule)
     groups = [(g, _stateful(optimizer, g)) for g in optimizer.param_groups]
     counted = {id(p) for _, params in groups for p in params}
-    idle = state_bytes(optimizer, [p for p in optimizer.state if id(p) not in counted])
+    state = state_of(optimizer)
+    idle = state_bytes(optimizer, [p for p in state if id(p) not in counted])
     if rule_of is not None:
         total = sum(_rule_bytes(rule_of(g), params) for g, params in groups)
         rules = sorted({_describe(rule_of(g)) for g, _ in groups})
         return _State(total + idle, "; ".join(rules), rule_of(optimizer.defaults), idle)
     # not a known class: scale what the state already holds to the parameters it lacks
-    have = [p for _, params in groups for p in params if optimizer.state.get(p)]
+    have = [p for _, params in groups for p in params if state.get(p)]
     if not have:
         return _State(
             None,
@@ -207,7 +209,7 @@ def _state_estimate(
         )
     held = state_bytes(optimizer, have)
     ratio = held / total_bytes(have)
-    lacking = [p for _, params in groups for p in params if not optimizer.state.get(p)]
+    lacking = [p for _, params in groups for p in params if not state.get(p)]
     total = held + idle + round(ratio * total_bytes(lacking))
     return _State(total, f"measured: {ratio:.2f} bytes of state per parameter byte", None, idle)
 

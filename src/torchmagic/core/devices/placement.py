@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..advice import Advice, Advised, Call
+from ..integrations.lookup import state_of
 from ..modules import parameter_names, unwrap
 from ..tensors import attribute_tensors, nbytes, state_entries
 
@@ -217,7 +218,7 @@ def find_misplaced(
                 )
             )
     if optimizer is not None:
-        tensors += sum(len(s) for s in optimizer.state.values())
+        tensors += sum(len(s) for s in state_of(optimizer).values())
         found.extend(_optimizer_misplaced(model, optimizer, optimizer_name))
     if scaler is not None and scaler.is_enabled():
         scale = scaler._scale

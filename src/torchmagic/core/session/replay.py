@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..checkpoint.records import bn_policies, label_maps
+from ..integrations.lookup import state_of
 from ..registry import REGISTRY
 from ..surgery import edits, scheduler_sync
 from ..surgery.results import Replay
@@ -96,7 +97,7 @@ def structure(session: Session, target: edits.BoundModel) -> tuple:
         if known is not None:
             home = known.indexer(opt)
             homes = tuple(home(p) for _, p in named)
-        groups = (*groups, len(opt.state))
+        groups = (*groups, len(state_of(opt)))
     schedules = tuple(
         repr(s.state_dict())  # type: ignore[attr-defined]
         for s in scheduler_sync.roots(target.schedulers)

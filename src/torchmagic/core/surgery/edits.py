@@ -16,6 +16,7 @@ from torch import nn
 from ..advice import Advice, Call, Option
 from ..errors import TorchMagicError
 from ..integrations import peft
+from ..integrations.lookup import state_of
 from ..modules import ModelWalk, is_batchnorm, parameter_names, parent_of, unique_parameters
 from ..options import ReplaceHeadOptions
 from . import batchnorm, heads, model_config, optimizer_sync, replaced, scheduler_sync, ties
@@ -803,7 +804,7 @@ def _replaced_again(
     """The warning when the head had this shape already and has trained (the optimizer
     holds state for it): a re-run cell replaces a trained head with a fresh one."""
     head = found[0]
-    trained = opt is not None and any(p in opt.state for p in old_params)
+    trained = opt is not None and any(p in state_of(opt) for p in old_params)
     if head.out_features != num_classes or not trained:
         return ()
     shape = f"{head.in_features}→{head.out_features}"

@@ -9,6 +9,8 @@ with one line that names the fix.
   group whose list it keeps as ``_params``, sizes in ``_numel_cache``) and
   ``ZeroRedundancyOptimizer`` (per-rank partitions of the groups) would go on stepping
   the parameters they held when built.
+- An optimizer stepping a base optimizer (timm's ``Lookahead``) whose ``param_groups``
+  are no longer the base's list: an edit of one would not reach the other.
 - Optimizers that take some parameters only: ``torch.optim.Muon`` (2-D matrices) and
   ``SparseAdam`` (sparse gradients: embeddings built with ``sparse=True``). A parameter
   outside the rule would make the next step raise, so it never enters them.
@@ -24,6 +26,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_holder
 from ..modules import ModelWalk, walk
 
 # Optimizer classes (by name, so that optional packages need not be imported) that keep
@@ -118,7 +121,9 @@ def check_lr(optimizer: torch.optim.Optimizer, lr: object) -> None:
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Refuse to change the param groups of an optimizer that caches a view of them."""
+    """Refuse to change the param groups of an optimizer that caches a view of them, or
+    of one stepping a base optimizer (timm's ``Lookahead``) whose groups are no longer
+    the base's: the edit would miss the groups the base steps."""
     for cls in type(optimizer).__mro__:
         reason = CACHED_VIEW_OPTIMIZERS.get(cls.__name__)
         if reason is not None:
@@ -126,3 +131,11 @@ def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
                 f"{type(optimizer).__name__} {reason}: torchmagic cannot change which "
                 "parameters it trains; do the surgery first, then create the optimizer"
             )
+    base = state_holder(optimizer)
+    if base is not optimizer and base.param_groups is not optimizer.param_groups:
+        kind = type(optimizer).__name__
+        raise TorchMagicError(
+            f"this {kind} no longer shares its base {type(base).__name__}'s param_groups "
+            f"(the base's load_state_dict was called, not the {kind}'s): call "
+            f"load_state_dict(state_dict()) on the {kind} to join them again, then retry"
+        )

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..dtensors import HostShard, from_host, held, local_nbytes, to_host
+from ..integrations.lookup import state_of
 from ..modules import parameter_names
 from ..registry import REGISTRY
 from ..tensors import step_stays_on_host
@@ -310,9 +311,10 @@ class OptimizerEditor:
                         group.pop(key, None)
             optimizer.param_groups[:] = [*now, *_later(optimizer, now, ours)]
             live = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            state = state_of(optimizer)
             for p in added_params:
-                if id(p) not in live and p in optimizer.state:
-                    del optimizer.state[p]
+                if id(p) not in live and p in state:
+                    del state[p]
 
         def clash() -> str | None:
             back = {id(p) for copy in saved for p in copy["params"]}
@@ -422,7 +424,7 @@ class OptimizerEditor:
                 leaving.setdefault(where[id(p)], []).append(p)
         for index in sorted(leaving):
             book.settle(leaving[index], self.optimizer.param_groups[index], self._tx)
-        state = self.optimizer.state
+        state = state_of(self.optimizer)
         stash: list[tuple[nn.Parameter, dict]] = []
         freed = 0
         for p in params:
@@ -442,7 +444,7 @@ class OptimizerEditor:
             stash.append((p, kept))
 
         def restore_state() -> None:
-            state = self.optimizer.state  # load_state_dict may have replaced the dict
+            state = state_of(self.optimizer)  # load_state_dict may have replaced the dict
             for p, kept in stash:
                 state[p] = {k: from_host(v, home or p.device) for k, (v, home) in kept.items()}
 

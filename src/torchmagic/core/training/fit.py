@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_of
 from .amp import Accumulation
 from .batch_loss import forward_loss
 from .batch_sources import batch_source
@@ -195,7 +196,7 @@ class _Trainer:
         bad_params, n_params = count_non_finite(params)
         state = [
             t
-            for s in plan.optimizer.state.values()
+            for s in state_of(plan.optimizer).values()
             for t in s.values()
             if isinstance(t, torch.Tensor)
         ]

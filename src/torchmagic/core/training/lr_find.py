@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchMagicError
+from ..integrations.lookup import state_of
 from ..numbers import short
 from ..rng import preserved_rng
 from ..tensors import optimizer_params, unique
@@ -119,7 +120,7 @@ class _TrainingState:
                 dict(s),
                 {k: _host_copy(v) for k, v in s.items() if isinstance(v, torch.Tensor)},
             )
-            for p, s in optimizer.state.items()
+            for p, s in state_of(optimizer).items()
         }
         self.groups = [dict(g) for g in optimizer.param_groups]
         self.opt_called = optimizer.__dict__.get("_opt_called", _MISSING)
@@ -134,7 +135,7 @@ class _TrainingState:
                 if grad is not None and grad_copy is not None:
                     grad.copy_(grad_copy)
                 p.grad = grad
-            state = self.optimizer.state
+            state = state_of(self.optimizer)
             state.clear()
             for p, (entries, values) in self.state.items():
                 for key, value in values.items():

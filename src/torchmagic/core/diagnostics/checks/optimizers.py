@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from ...advice import PLACEHOLDER, Call
+from ...integrations.lookup import state_of
 from ...modules import parameter_names
 from ...surgery.replaced import Replaced
 from ...tensors import held_ids, optimizer_params, state_bytes
@@ -169,7 +170,7 @@ def frozen_in_optimizer(context: DoctorContext, model: ModelEntry) -> Iterator[F
                     f" (takes them out of {opt_name}), or {opt_name}.zero_grad(set_to_none=True)",
                 ),
             )
-        stateful = [p for p in inside if opt.state.get(p)]
+        stateful = [p for p in inside if state_of(opt).get(p)]
         if stateful:
             yield Finding(
                 "frozen-in-optimizer",
@@ -201,7 +202,7 @@ def state_shapes(context: DoctorContext, model: ModelEntry) -> Iterator[Finding]
             if id(p) in names
             and any(
                 isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != p.shape
-                for v in opt.state.get(p, {}).values()
+                for v in state_of(opt).get(p, {}).values()
             )
         ]
         if wrong:
