@@ -428,3 +428,28 @@ def test_on_a_gpu_the_base_state_moves_is_freed_and_survives_the_batch_size_prob
     )
     change = Session(model, opt).freeze("0")
     assert change.effect.state_freed_bytes == on_gpu > 0
+
+
+def test_the_base_bound_to_a_variable_too_is_the_lookaheads_part_not_a_second_optimizer():
+    """``base = AdamW(...)``; ``opt = Lookahead(base)``: commands edit the pair once, as
+    by hand, and naming the base still edits the same groups without a second copy."""
+
+    def by_session(_: Session, model: nn.Sequential, opt: Lookahead) -> None:
+        tm = Session(namespace={"model": model, "base": _base(opt), "opt": opt})
+        assert tm.freeze("0").optimizer_name == "opt"
+        _train(model, opt, seed=3)
+        tm.unfreeze("0")
+        tm.freeze("3", optimizer="base")
+
+    def by_hand(_: Session, model: nn.Sequential, opt: Lookahead) -> None:
+        params = list(model[0].parameters())
+        home = opt.param_groups[0]
+        _set_aside(opt, params)
+        _train(model, opt, seed=3)
+        for p in params:
+            p.requires_grad_(True)
+        home["params"] = [*home["params"], *params]
+        _set_aside(opt, list(model[3].parameters()))
+
+    (model, opt), (hand_model, hand_opt) = _both(by_session, by_hand)
+    assert_same(_by_name(model, opt), _by_name(hand_model, hand_opt))

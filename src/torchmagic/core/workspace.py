@@ -24,6 +24,7 @@ from .ema_owners import EmaOwners
 from .errors import TorchMagicError
 from .integrations import discovery, ema
 from .integrations.discovery import Found
+from .integrations.lookup import state_holder
 from .modules import unwrap
 from .surgery import optimizer_sync, scheduler_sync
 from .surgery.grammar import Target, parse_segment
@@ -303,10 +304,14 @@ class Workspace:
         return None
 
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
-        """Every optimizer reachable from the namespace, wrappers seen through, by path."""
-        return [
+        """Every optimizer reachable from the namespace, wrappers seen through, by path;
+        the base optimizer that another steps and keeps its state in (timm's Lookahead's)
+        is that one's part, not an optimizer of its own."""
+        found = [
             (f.path, f.value) for f in self.found() if isinstance(f.value, torch.optim.Optimizer)
         ]
+        bases = {id(b) for _, o in found if (b := state_holder(o)) is not o}
+        return [(path, o) for path, o in found if id(o) not in bases]
 
     def scalers(self) -> list[torch.amp.GradScaler]:
         """Every GradScaler reachable from the namespace (``accelerator.scaler`` too)."""
@@ -433,8 +438,8 @@ class Workspace:
         ids = {id(p) for p in parameters}
         out: list[tuple[str, torch.optim.Optimizer]] = []
         for name, opt in self.optimizers() if optimizers is None else optimizers:
-            if any(o is opt for _, o in out):
-                continue
+            if any(o.param_groups is opt.param_groups for _, o in out):
+                continue  # one optimizer stepping another over the same groups
             if _holds(opt, ids) or optimizer_sync.homed(opt, parameters):
                 out.append((name, opt))
         return out

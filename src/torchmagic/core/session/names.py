@@ -107,7 +107,7 @@ def other_optimizers(
             discovery.holders(found, model, name, other, other_name),
         )
         for other_name, other in workspace.holding(walked.parameters)
-        if other is not opt
+        if opt is None or other.param_groups is not opt.param_groups  # not opt, nor its base
     ]
 
 
