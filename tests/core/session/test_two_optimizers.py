@@ -178,6 +178,7 @@ def test_the_whole_model_leaves_both_and_each_part_comes_home_to_its_own():
 def test_a_named_optimizer_may_not_take_what_another_trains():
     ns = setup()
     before = {n: (held(ns[n]), deepcopy(ns[n].state_dict())) for n in ("backbone_opt", "head_opt")}
+    weights = deepcopy(ns["model"].state_dict())
     tm = Session(namespace=ns)
     with pytest.raises(TorchMagicError) as refused:
         tm.unfreeze("fc", lr=1e-3, optimizer="backbone_opt")
@@ -185,7 +186,13 @@ def test_a_named_optimizer_may_not_take_what_another_trains():
     assert "fc.weight is trained by 'head_opt'" in str(refused.value)
     for n, (groups, state) in before.items():
         assert held(ns[n]) == groups
-        assert ns[n].state_dict()["param_groups"] == state["param_groups"]
+        now = ns[n].state_dict()
+        assert now["param_groups"] == state["param_groups"]
+        for key, entry in state["state"].items():
+            for k, v in entry.items():
+                assert torch.equal(torch.as_tensor(now["state"][key][k]), torch.as_tensor(v))
+    for key, value in ns["model"].state_dict().items():
+        assert torch.equal(value, weights[key]), key
     assert all(p.requires_grad for p in ns["model"].parameters())
 
 
