@@ -404,10 +404,7 @@ class Workspace:
             if chosen is not None:
                 return chosen
         owning = owners(optimizers, parameters)
-        if len(owning) > 1:
-            for n, o in owning:
-                if n == remembered:
-                    return n, o
+        if len(owning) > 1:  # one a command used before would leave the other's unstepped
             names = ", ".join(n for n, _ in owning)
             raise TorchMagicError(
                 (

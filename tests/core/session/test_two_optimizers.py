@@ -234,3 +234,20 @@ def test_a_named_optimizer_is_found_again_by_what_left_it():
     assert tm.unfreeze("body1", optimizer="opt").optimizer_name == "opt"
     assert tm.unfreeze("model").optimizer_name == "opt"
     assert sorted(held(opt)) == sorted(ids(model) + ids(other))
+
+
+def test_fit_asks_which_optimizer_while_both_hold_trainable_parameters():
+    """A command that routed to one optimizer does not make it the one %fit steps: the
+    other's parameters would get gradients and never change."""
+    ns = setup()
+    ns["train"] = [(X, Y)]
+    tm = Session(namespace=ns)
+    tm.freeze("body1")
+    weights = deepcopy(ns["model"].state_dict())
+    with pytest.raises(TorchMagicError, match="several optimizers hold 'model'") as refused:
+        tm.fit("train", epochs=1)
+    assert "\n" not in str(refused.value)
+    for key, value in ns["model"].state_dict().items():
+        assert torch.equal(value, weights[key]), key
+    tm.freeze("fc")  # the head optimizer holds nothing now: the backbone's is the one
+    assert len(tm.fit("train", epochs=1).epochs) == 1
