@@ -146,7 +146,7 @@ def one_module(
             model_checks.check_editable(target.model, name, target.walked)
         if relative is None or relative.is_whole:
             return target, "", target.model
-        hits = resolve(target.model, relative)
+        hits = resolve(target.model, relative, walked=target.walked)
         if len(hits) != 1:
             raise TorchMagicError(f"'{where}' names {len(hits)} modules; name one", param="where")
         return target, hits[0][0], hits[0][1]
