@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -88,6 +88,14 @@ class ModelWalk:
     # ids of the modules registered at more than one place, and whether a parameter is held
     # by more than one module: models without either (nearly all) skip naming ties
     sharing: tuple[frozenset[int], bool]
+    # each module's child table as the walk read it, by the module's id: resolving a target
+    # reads these instead of the model's own tables
+    tables: Mapping[int, Mapping[str, nn.Module | None]] = field(repr=False, compare=False)
+
+    def children(self, module: nn.Module) -> Mapping[str, nn.Module | None]:
+        """``module``'s child table as the walk read it (its own table if the walk did
+        not reach it)."""
+        return self.tables.get(id(module), module._modules)
 
 
 def walk_model(model: nn.Module) -> ModelWalk:
@@ -97,6 +105,7 @@ def walk_model(model: nn.Module) -> ModelWalk:
     again: set[int] = set()
     modules: list[tuple[str, nn.Module]] = []
     parameters: dict[int, nn.Parameter] = {}
+    tables: dict[int, Mapping[str, nn.Module | None]] = {}
     held = 0
     stack: list[tuple[str, nn.Module | None]] = [("", model)]
     while stack:
@@ -112,11 +121,15 @@ def walk_model(model: nn.Module) -> ModelWalk:
             if p is not None:
                 held += 1
                 parameters.setdefault(id(p), p)
-        if module._modules:
+        table = tables[id(module)] = dict(module._modules)
+        if table:
             prefix = f"{path}." if path else ""
-            stack.extend((prefix + k, m) for k, m in reversed(module._modules.items()))
+            stack.extend((prefix + k, m) for k, m in reversed(table.items()))
     return ModelWalk(
-        tuple(modules), tuple(parameters.values()), (frozenset(again), held > len(parameters))
+        tuple(modules),
+        tuple(parameters.values()),
+        (frozenset(again), held > len(parameters)),
+        tables,
     )
 
 

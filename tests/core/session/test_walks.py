@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import timm
 import torch
 import torchvision
 from IPython.utils.capture import capture_output
@@ -40,11 +41,16 @@ class Counting(dict):
         return super().__iter__()
 
 
-def _count_model_walks(model: torch.nn.Module) -> Counting:
-    block = model.layer1[0]
+def _count_walks(block: torch.nn.Module) -> Counting:
+    """Counts the iterations of ``block``'s child table: a deep block, which every walk
+    of the whole model passes through."""
     table = Counting(block.__dict__["_modules"])
     object.__setattr__(block, "_modules", table)
     return table
+
+
+def _count_model_walks(model: torch.nn.Module) -> Counting:
+    return _count_walks(model.layer1[0])
 
 
 def _setups() -> dict[str, tuple[Callable, Callable]]:
@@ -152,3 +158,164 @@ def test_a_magic_walks_the_namespace_once(ip, command: str) -> None:
         ip.run_line_magic(*line.split(" ", 1))
     assert ip.user_ns.walks == 1
     assert DONE[command](model)
+
+
+def _trains(module: torch.nn.Module) -> bool:
+    return all(p.requires_grad for p in module.parameters())
+
+
+def _stopped(module: torch.nn.Module) -> bool:
+    return not any(p.requires_grad for p in module.parameters())
+
+
+def _adapted(module: torch.nn.Module) -> bool:
+    return hasattr(module, "lora_A")
+
+
+# Every other target grammar, and undo, under the same bound: the setup (Session, then
+# magic lines), the command (Session, then magic line) and what it leaves.
+OTHER_CASES: dict[str, tuple[Callable, tuple[str, ...], Callable, str, Callable]] = {
+    "freeze a glob": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.freeze("*.bn*"),
+        'freeze model "*.bn*"',
+        lambda m: _stopped(m.layer2[1].bn2) and _trains(m.layer2[1].conv2),
+    ),
+    "freeze a glob through the variable": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.freeze("model.*.bn*"),
+        'freeze "model.*.bn*"',
+        lambda m: _stopped(m.layer2[1].bn2) and _trains(m.layer2[1].conv2),
+    ),
+    "freeze name endings": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.freeze("bn1,bn2"),
+        "freeze model bn1,bn2",
+        lambda m: _stopped(m.layer3[0].bn2) and _trains(m.layer3[0].downsample),
+    ),
+    "freeze except a glob": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.freeze(exclude=["*.bn*"]),
+        'freeze model --except "*.bn*"',
+        lambda m: _trains(m.layer2[1].bn2) and _stopped(m.layer2[1].conv2),
+    ),
+    "freeze except name endings": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.freeze(exclude=["bn1,bn2"]),
+        "freeze model --except bn1,bn2",
+        lambda m: _trains(m.layer3[0].bn2) and _stopped(m.layer3[0].downsample),
+    ),
+    "unfreeze a glob": (
+        lambda tm: tm.freeze(),
+        ("freeze model",),
+        lambda tm: tm.unfreeze("*.bn*"),
+        'unfreeze "*.bn*"',
+        lambda m: _trains(m.layer2[1].bn2) and _stopped(m.layer2[1].conv2),
+    ),
+    "unfreeze name endings": (
+        lambda tm: tm.freeze(),
+        ("freeze model",),
+        lambda tm: tm.unfreeze("bn1,bn2", lr=1e-4),
+        "unfreeze bn1,bn2 lr=1e-4",
+        lambda m: _trains(m.layer3[0].bn2) and _stopped(m.layer3[0].downsample),
+    ),
+    "unfreeze a range except a glob": (
+        lambda tm: tm.freeze(),
+        ("freeze model",),
+        lambda tm: tm.unfreeze("layer3-4", exclude=["*.bn*"]),
+        'unfreeze layer3-4 --except "*.bn*"',
+        lambda m: _trains(m.layer3[1].conv2) and _stopped(m.layer3[1].bn2),
+    ),
+    "lora a block": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.lora("layer4", r=4),
+        "lora layer4 r=4",
+        lambda m: _adapted(m.layer4[1].conv2) and not _adapted(m.layer3[1].conv2),
+    ),
+    "lora name endings": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.lora("conv1,conv2", r=4),
+        "lora conv1,conv2 r=4",
+        lambda m: _adapted(m.layer1[0].conv2) and not _adapted(m.layer2[0].downsample[0]),
+    ),
+    "lora a glob": (
+        lambda tm: None,
+        (),
+        lambda tm: tm.lora("layer4.*.conv*", r=4),
+        'lora "layer4.*.conv*" r=4',
+        lambda m: _adapted(m.layer4[0].conv1) and not _adapted(m.layer3[0].conv1),
+    ),
+    "undo a freeze": (
+        lambda tm: tm.freeze("layer3"),
+        ("freeze layer3",),
+        lambda tm: tm.undo(),
+        "tm undo",
+        lambda m: _trains(m),
+    ),
+    "undo an unfreeze": (
+        lambda tm: (tm.freeze(), tm.unfreeze("layer4", lr=1e-4)),
+        ("freeze model", "unfreeze layer4 lr=1e-4"),
+        lambda tm: tm.undo(),
+        "tm undo",
+        lambda m: _stopped(m),
+    ),
+    "undo a head": (
+        lambda tm: tm.replace_head("fc", 5),
+        ("replace_head fc 5",),
+        lambda tm: tm.undo(),
+        "tm undo",
+        lambda m: m.fc.out_features == 1000,
+    ),
+    "undo a lora": (
+        lambda tm: tm.lora("layer4", r=4),
+        ("lora layer4 r=4",),
+        lambda tm: tm.undo(),
+        "tm undo",
+        lambda m: not _adapted(m.layer4[1].conv2) and _trains(m),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_CASES))
+def test_every_grammar_and_undo_walk_the_model_at_most_three_times(case: str) -> None:
+    setup, _, run, _, done = OTHER_CASES[case]
+    model, opt = _resnet()
+    tm = Session(namespace={"model": model, "optimizer": opt})
+    setup(tm)
+    table = _count_model_walks(model)
+    change = run(tm)
+    assert not change.unchanged
+    assert 1 <= table.walks <= 3
+    assert done(model)
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_CASES))
+def test_every_grammar_and_undo_walk_the_model_at_most_three_times_as_magics(ip, case: str) -> None:
+    _, setup, _, line, done = OTHER_CASES[case]
+    model, opt = _resnet()
+    ip.user_ns.update(model=model, optimizer=opt)
+    with capture_output():
+        for magic in setup:
+            ip.run_line_magic(*magic.split(" ", 1))
+        table = _count_model_walks(model)
+        ip.run_line_magic(*line.split(" ", 1))
+    assert 1 <= table.walks <= 3
+    assert done(model)
+
+
+def test_a_declared_head_is_named_from_the_walk() -> None:
+    """timm declares its head (``get_classifier``): the head's path is read from the
+    command's walk, not from another one."""
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10)
+    tm = Session(namespace={"model": model, "optimizer": torch.optim.AdamW(model.parameters())})
+    table = _count_walks(model.stages[0].blocks[0])
+    change = tm.replace_head(None, 5)
+    assert change.action == "replace_head" and model.head.fc.out_features == 5
+    assert 1 <= table.walks <= 3

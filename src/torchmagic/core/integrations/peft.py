@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -162,17 +163,22 @@ def is_lora_layer(module: object) -> bool:
     return _is(module, "peft.tuners.lora.layer", "LoraLayer")
 
 
-def lora_layers(model: nn.Module) -> list[tuple[str, Any]]:
-    """The LoRA layers of ``model`` by qualified name (none without peft imported)."""
+def lora_layers(
+    model: nn.Module, named: Iterable[tuple[str, nn.Module]] | None = None
+) -> list[tuple[str, Any]]:
+    """The LoRA layers of ``model`` by qualified name (none without peft imported);
+    ``named``: the model's modules by name, when the caller has walked it already."""
     if _peft() is None:
         return []
-    return [(name, m) for name, m in model.named_modules() if is_lora_layer(m)]
+    modules = model.named_modules() if named is None else named
+    return [(name, m) for name, m in modules if is_lora_layer(m)]
 
 
-def adapter_name(model: nn.Module) -> str:
+def adapter_name(model: nn.Module, named: Iterable[tuple[str, nn.Module]] | None = None) -> str:
     """The adapter new LoRA layers belong to: the active one of the model's existing
-    LoRA layers (a PeftModel's), else peft's ``default``."""
-    for _, layer in lora_layers(model):
+    LoRA layers (a PeftModel's), else peft's ``default``; ``named`` as for
+    :func:`lora_layers`."""
+    for _, layer in lora_layers(model, named):
         active = layer.active_adapters
         if active:
             return active[0]

@@ -198,7 +198,7 @@ def one_module(
             model_checks.check_editable(real, name, walked)
         module_name, module = "", real
         if relative is not None and not relative.is_whole:
-            hits = resolve(real, relative)
+            hits = resolve(real, relative, walked=walked)
             if len(hits) != 1:
                 raise TorchMagicError(
                     f"'{where}' names {len(hits)} modules; name one", param="where"

@@ -12,10 +12,10 @@ from ..advice import as_advice, spelled
 from ..devices.hostmem import machine_memory
 from ..errors import TorchMagicError
 from ..modules import unique_parameters, unwrap, walk_model
-from ..surgery.counting import count, describe_groups, group_keys
+from ..surgery.counting import describe_groups, group_keys
 from ..surgery.edits import BoundModel, measure
 from ..surgery.history import DROPPED, REBOUND, REPLAYED, SHARDED, ByteCap, Record, byte_cap
-from ..surgery.results import Change, Counts, Effect
+from ..surgery.results import Change, Effect
 from ..surgery.transaction import uninterrupted
 from . import invariants, names
 
@@ -91,24 +91,26 @@ def undo(session: Session) -> Change:
         ema_unclear=unclear,
         others=names.other_optimizers(workspace, workspace.found(), name, model, walked, opt),
     )
-    observed = invariants.observe(target, measure(target, target.walked))
+    before = measure(target, target.walked)
+    observed = invariants.observe(target, before)
     if isinstance(record.observed, invariants.Observed):  # what it was before the command
         observed = observed.also(record.observed)
 
-    def revert() -> tuple[Counts, dict]:
-        measured = count(model), group_keys(opt)
+    def revert() -> dict:
+        groups = group_keys(opt)
         tx.revert()  # its first inverse takes the record out of the history
-        return measured
+        return groups
 
-    before, groups_before = uninterrupted(revert)
-    invariants.check(target, observed, record.change.command, undone=True)
+    groups_before = uninterrupted(revert)
+    after = measure(target, walk_model(model))
+    invariants.check(target, observed, record.change.command, undone=True, measured=after)
     return replace(
         record.change,
         effect=Effect(record.change.effect.modules, record.change.effect.params),
         action="undo",
         command=("undo ", *as_advice(record.change.command)),
-        before=before,
-        after=count(model),
+        before=before.counts,
+        after=after.counts,
         groups=describe_groups(opt, groups_before, target.schedulers, target.names),
     )
 

@@ -124,14 +124,18 @@ def _last_head_layer(module: nn.Module, prefix: str, role: str = "main") -> Head
     return found
 
 
-def _library_heads(model: nn.Module) -> list[Head] | None:
-    """Heads the model's library declares (timm, Hugging Face), or None for other models."""
+def _library_heads(
+    model: nn.Module, modules: Sequence[tuple[str, nn.Module]] | None = None
+) -> list[Head] | None:
+    """Heads the model's library declares (timm, Hugging Face), or None for other models;
+    ``modules``: the model's, by name, when the caller has walked it."""
     slots: list[tuple[str, nn.Module]] = []
     get_classifier = getattr(model, "get_classifier", None)
     if callable(get_classifier):
         declared = get_classifier()
         wanted = declared if isinstance(declared, tuple) else (declared,)
-        names = {id(m): n for n, m in model.named_modules() if n}
+        named = model.named_modules() if modules is None else modules
+        names = {id(m): n for n, m in named if n}
         slots = [(names[id(m)], m) for m in wanted if id(m) in names]
     if not slots and hasattr(getattr(model, "config", None), "id2label"):
         slots = [(n, m) for n in HF_HEAD_NAMES if (m := model._modules.get(n)) is not None]
@@ -319,13 +323,18 @@ def _linear_names(model: nn.Module) -> str:
     return ", ".join(linears[-8:]) if linears else "none"
 
 
-def find_heads(model: nn.Module, judge: _Judge | None = None) -> list[Head]:
-    """Every head of ``model``: the main one first, then distillation and auxiliary heads."""
+def find_heads(
+    model: nn.Module,
+    judge: _Judge | None = None,
+    modules: Sequence[tuple[str, nn.Module]] | None = None,
+) -> list[Head]:
+    """Every head of ``model``: the main one first, then distillation and auxiliary heads;
+    ``modules`` as for :func:`_library_heads`."""
     if is_head_layer(model):
         raise TorchMagicError(
             "the model itself is a single layer: there is no head to swap in it", param="where"
         )
-    library = _library_heads(model)
+    library = _library_heads(model, modules)
     if library is not None:
         return library
     judge = judge or _Judge(model)
@@ -370,7 +379,7 @@ def locate(
     the module named ``where``; a main or distillation head brings the other along.
     A head carrying LoRA adapters is refused: a new head would orphan them.
     ``modules``: the model's, by name (its walk)."""
-    heads = _located(model, where)
+    heads = _located(model, where, modules)
     adapted = [name for name, m in modules if peft.is_lora_layer(m)]
     for head in heads:
         lora = next((n for n in adapted if _within(head.name, n) or _within(n, head.name)), None)
@@ -383,13 +392,15 @@ def locate(
     return heads
 
 
-def _located(model: nn.Module, where: str | None) -> list[Head]:
+def _located(
+    model: nn.Module, where: str | None, modules: Sequence[tuple[str, nn.Module]]
+) -> list[Head]:
     judge = _Judge(model)
     if where is None:
-        return find_heads(model, judge)
-    declared = _library_heads(model)
+        return find_heads(model, judge, modules)
+    declared = _library_heads(model, modules)
     try:
-        known = declared if declared is not None else find_heads(model, judge)
+        known = declared if declared is not None else find_heads(model, judge, modules)
     except TorchMagicError:
         known = []
     inside = [h for h in known if _within(h.name, where)]

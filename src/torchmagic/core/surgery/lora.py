@@ -54,23 +54,24 @@ def _kind(module: nn.Module) -> str:
     return type(module).__name__
 
 
-def _inside_lora(model: nn.Module) -> set[str]:
+def _inside_lora(model: nn.Module, named: Sequence[tuple[str, nn.Module]]) -> set[str]:
     """Qualified names of the modules that are parts of LoRA layers (their base layers
-    and adapters), never targets themselves."""
+    and adapters), never targets themselves; ``named``: the model's modules by name."""
     return {
         f"{name}.{inner}"
-        for name, layer in peft.lora_layers(model)
+        for name, layer in peft.lora_layers(model, named)
         for inner, _ in layer.named_modules()
         if inner
     }
 
 
-def _uncalled(model: nn.Module) -> set[str]:
+def _uncalled(named: Sequence[tuple[str, nn.Module]]) -> set[str]:
     """Qualified names of layers whose forward never runs: a MultiheadAttention's
-    ``out_proj`` (it reads the weight directly), which an adapter would not change."""
+    ``out_proj`` (it reads the weight directly), which an adapter would not change;
+    ``named``: the model's modules by name."""
     return {
         f"{name}.out_proj" if name else "out_proj"
-        for name, m in model.named_modules()
+        for name, m in named
         if isinstance(m, nn.MultiheadAttention)
     }
 
@@ -79,9 +80,9 @@ def targets(selection: Selection) -> list[tuple[str, nn.Module]]:
     """The layers LoRA adapts in ``selection``: each block that is one of
     :func:`peft.adaptable`, and those inside the others. A block with none, or already
     adapted, is refused."""
-    model = selection.model
-    inside = _inside_lora(model)
-    uncalled = _uncalled(model)
+    named = selection.walked.modules
+    inside = _inside_lora(selection.model, named)
+    uncalled = _uncalled(named)
     found: dict[str, nn.Module] = {}
     for block in selection.blocks:
         if peft.is_lora_layer(block.module) or block.name in inside:
@@ -182,7 +183,7 @@ def add(
         )
     layers = targets(selection)
     _check_groups(layers, options.r)
-    adapter = peft.adapter_name(target.model)
+    adapter = peft.adapter_name(target.model, target.walked.modules)
     made = [(name, base, peft.make_lora_layer(base, adapter, options)) for name, base in layers]
     bases = unique_parameters(base for _, base, _ in made)
     adapters = [p for _, _, layer in made for p in peft.adapter_parameters(layer)]

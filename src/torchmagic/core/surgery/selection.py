@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -36,8 +36,7 @@ class Selection:
 
     model: nn.Module
     blocks: tuple[Block, ...]
-    # the model's modules registered twice and whether it ties parameters (``ModelWalk``)
-    sharing: tuple[frozenset[int], bool]
+    walked: ModelWalk  # the model as the command walked it before changing anything
     scope: tuple[str, ...] = ()  # what the targets named, before ``--except`` carved it
     excluded: tuple[str, ...] = ()  # what ``--except`` kept out of ``scope``
 
@@ -58,9 +57,16 @@ class Selection:
     def names(self) -> tuple[str, ...]:
         return tuple(b.name or "(whole model)" for b in self.blocks)
 
+    @property
+    def sharing(self) -> tuple[frozenset[int], bool]:
+        """The model's modules registered twice and whether it ties parameters."""
+        return self.walked.sharing
 
-def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
-    children = module._modules
+
+Children = Mapping[str, nn.Module | None]  # a module's children by name, as ``_modules`` holds them
+
+
+def _child(module: nn.Module, children: Children, name: str, path: str, seg: Segment) -> nn.Module:
     if name.startswith("-") and is_index(name) and -len(children) <= int(name):
         name = list(children)[int(name)]  # `classifier.-1`: the last child
     child = children.get(name)
@@ -79,12 +85,12 @@ def _child(module: nn.Module, name: str, path: str, seg: Segment) -> nn.Module:
     return child
 
 
-def _check_range(module: nn.Module, path: str, seg: Segment) -> None:
+def _check_range(module: nn.Module, children: Children, path: str, seg: Segment) -> None:
     """``layer1-9`` on a ResNet: the part of the range that does not exist, and the part
     that does. Counted over the real children, so a huge range costs what they do."""
     assert seg.start is not None and seg.stop is not None
     numbers = set()
-    for key in module._modules:
+    for key in children:
         tail = key[len(seg.prefix) :] if key.startswith(seg.prefix) else ""
         if tail.isdigit() and f"{seg.prefix}{int(tail)}" == key:
             numbers.add(int(tail))
@@ -121,39 +127,45 @@ def _spans(prefix: str, runs: list[tuple[int, int]]) -> str:
     return ", ".join(shown) + (", …" if len(runs) > 4 else "")
 
 
-def _first_keys(module: nn.Module) -> dict[int, str]:
-    """The first name each child is registered under, by identity (a child registered
-    twice is reached under its first name)."""
-    keys: dict[int, str] = {}
-    for key, child in module._modules.items():
-        if child is not None:
-            keys.setdefault(id(child), key)
-    return keys
+def _named_children(children: Children) -> dict[str, nn.Module]:
+    """Each child once, under the first name it is registered under (as
+    ``named_children``: a child registered twice is reached under its first name)."""
+    seen: set[int] = set()
+    named: dict[str, nn.Module] = {}
+    for key, child in children.items():
+        if child is not None and id(child) not in seen:
+            seen.add(id(child))
+            named[key] = child
+    return named
 
 
-def _resolve_path(model: nn.Module, target: Target) -> list[tuple[str, nn.Module]]:
-    """Every (qualified name, module) a dotted target stands for, ranges expanded."""
+def _resolve_path(
+    model: nn.Module, target: Target, walked: ModelWalk | None
+) -> list[tuple[str, nn.Module]]:
+    """Every (qualified name, module) a dotted target stands for, ranges expanded; the
+    child tables are read from ``walked`` when the command has walked the model."""
     found: list[tuple[str, nn.Module]] = [("", model)]
     for seg in target.segments:
         nxt: list[tuple[str, nn.Module]] = []
         for path, module in found:
+            children = module._modules if walked is None else walked.children(module)
             if seg.is_range:
-                _check_range(module, path, seg)
+                _check_range(module, children, path, seg)
             keys: dict[int, str] | None = None  # built once per parent, not per child
             for name in seg.names():
-                child = _child(module, name, path, seg)
+                child = _child(module, children, name, path, seg)
                 if keys is None:
-                    keys = _first_keys(module)
+                    keys = {id(c): k for k, c in _named_children(children).items()}
                 key = keys[id(child)]
                 nxt.append((f"{path}.{key}" if path else key, child))
         found = nxt
     return found
 
 
-def _resolve_glob(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
-    hits = [(n, m) for n, m in model.named_modules() if n and fnmatch.fnmatchcase(n, pattern)]
+def _resolve_glob(walked: ModelWalk, pattern: str) -> list[tuple[str, nn.Module]]:
+    hits = [(n, m) for n, m in walked.modules if n and fnmatch.fnmatchcase(n, pattern)]
     if not hits:
-        names = [n for n, _ in model.named_modules() if n]
+        names = [n for n, _ in walked.modules if n]
         tail = pattern.replace("*", "").replace("?", "").strip(".")
         close = difflib.get_close_matches(tail, names, n=3, cutoff=0.4) if tail else []
         hint = f"; close names: {', '.join(close)}" if close else ""
@@ -161,15 +173,15 @@ def _resolve_glob(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]
     return hits
 
 
-def _leaves(model: nn.Module) -> list[str]:
+def _leaves(walked: ModelWalk) -> list[str]:
     """The last components of the model's module paths, each once, in order."""
-    return list(dict.fromkeys(n.rpartition(".")[2] for n, _ in model.named_modules() if n))
+    return list(dict.fromkeys(n.rpartition(".")[2] for n, _ in walked.modules if n))
 
 
-def suffix_hint(model: nn.Module, name: str) -> str:
+def suffix_hint(walked: ModelWalk, name: str) -> str:
     """What to write instead of ``name``: the module names close to its last component,
     and peft's spelling, which names every module whose path ends so."""
-    close = difflib.get_close_matches(name.rpartition(".")[2], _leaves(model), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name.rpartition(".")[2], _leaves(walked), n=3, cutoff=0.5)
     if not close:
         return ""
     return (
@@ -178,51 +190,55 @@ def suffix_hint(model: nn.Module, name: str) -> str:
     )
 
 
-def _resolve_suffixes(model: nn.Module, suffixes: Sequence[str]) -> list[tuple[str, nn.Module]]:
+def _resolve_suffixes(walked: ModelWalk, suffixes: Sequence[str]) -> list[tuple[str, nn.Module]]:
     """Every module whose path ends with one of ``suffixes`` component by component, as
     peft matches ``target_modules``; a name that matches nothing is refused."""
     exact = set(suffixes)
     endings = tuple(f".{s}" for s in suffixes)
-    hits = [(n, m) for n, m in model.named_modules() if n in exact or n.endswith(endings)]
+    hits = [(n, m) for n, m in walked.modules if n in exact or n.endswith(endings)]
     for suffix in suffixes:
         if not any(n == suffix or n.endswith(f".{suffix}") for n, _ in hits):
             raise TorchMagicError(
-                f"no module path ends with '{suffix}'{suffix_hint(model, suffix)}"
+                f"no module path ends with '{suffix}'{suffix_hint(walked, suffix)}"
             )
     return hits
 
 
 def resolve(
-    model: nn.Module, target: Target, suffixes: bool = False
+    model: nn.Module, target: Target, suffixes: bool = False, walked: ModelWalk | None = None
 ) -> list[tuple[str, nn.Module]]:
     """Modules named by one target (relative to ``model``), in the order given.
     ``suffixes`` (peft's habit, for LoRA): a dotted name that is no path from the root
-    names every module whose path ends with it."""
+    names every module whose path ends with it. ``walked``: the real model's walk, when
+    the command has made it; a glob or a name ending is matched against it (a path
+    without it reads only the tables along the path)."""
     model = unwrap(model)
-    if target.suffixes:
-        return _resolve_suffixes(model, target.suffixes)
-    if target.glob is not None:
-        parts = target.glob.split(".")
-        pattern = ".".join(parts[wrapper_prefix(model, parts[:-1]) :])
+    if target.glob is None and not target.suffixes:
+        # Paths written through a wrapper (`model.module.fc`, `base_model.model.blocks.3`).
+        skipped = wrapper_prefix(model, [s.text for s in target.segments])
+        relative = Target(target.text, target.segments[skipped:])
         try:
-            return _resolve_glob(model, pattern)
-        except TorchMagicError as error:
-            tail = pattern.replace("*", "").replace("?", "").strip(".")
-            if not suffixes or not tail or not suffix_hint(model, tail):
+            return _resolve_path(model, relative, walked)
+        except TorchMagicError:
+            names = [s.text for s in relative.segments]
+            if not suffixes or not names or not all(is_name(n) or n.isdigit() for n in names):
                 raise
-            raise TorchMagicError(
-                f"pattern '{pattern}' matches no module{suffix_hint(model, tail)}"
-            ) from error
-    # Paths written through a wrapper (`model.module.fc`, `base_model.model.blocks.3`) work.
-    skipped = wrapper_prefix(model, [s.text for s in target.segments])
-    relative = Target(target.text, target.segments[skipped:])
+            return _resolve_suffixes(walked or walk_model(model), [".".join(names)])
+    walked = walked or walk_model(model)
+    if target.suffixes:
+        return _resolve_suffixes(walked, target.suffixes)
+    assert target.glob is not None
+    parts = target.glob.split(".")
+    pattern = ".".join(parts[wrapper_prefix(model, parts[:-1]) :])
     try:
-        return _resolve_path(model, relative)
-    except TorchMagicError:
-        names = [s.text for s in relative.segments]
-        if not suffixes or not names or not all(is_name(n) or n.isdigit() for n in names):
+        return _resolve_glob(walked, pattern)
+    except TorchMagicError as error:
+        tail = pattern.replace("*", "").replace("?", "").strip(".")
+        if not suffixes or not tail or not suffix_hint(walked, tail):
             raise
-        return _resolve_suffixes(model, [".".join(names)])
+        raise TorchMagicError(
+            f"pattern '{pattern}' matches no module{suffix_hint(walked, tail)}"
+        ) from error
 
 
 def _lineage(name: str) -> list[str]:
@@ -252,11 +268,13 @@ class _Names:
 
 
 class _Positions:
-    """Where a name sits in registration order, without walking the whole model; each
-    parent's children are indexed once, so sorting thousands of siblings stays linear."""
+    """Where a name sits in registration order, read from the child tables of the
+    model's walk; each parent's children are indexed once, so sorting thousands of
+    siblings stays linear."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, walked: ModelWalk) -> None:
         self._model = model
+        self._walked = walked
         self._index: dict[int, dict[str, int]] = {}
 
     def __call__(self, name: str) -> tuple[int, ...]:
@@ -264,11 +282,12 @@ class _Positions:
         module: nn.Module | None = self._model
         for part in name.split(".") if name else ():
             assert module is not None  # a path of registered children
+            children = self._walked.children(module)
             index = self._index.get(id(module))
             if index is None:
-                index = self._index[id(module)] = {k: i for i, k in enumerate(module._modules)}
+                index = self._index[id(module)] = {k: i for i, k in enumerate(children)}
             position.append(index[part])
-            module = module._modules[part]
+            module = children[part]
         return tuple(position)
 
 
@@ -285,14 +304,16 @@ def select(
     nested in another; a block that contains an excluded module is split into its children.
     Linear in the number of names (each checked against sets of its ancestors).
     ``suffixes``: a dotted name that is no path names the paths ending so (:func:`resolve`).
-    ``walked``: the model's walk, when the command has made it.
+    ``walked``: the real model's walk, when the command has made it; every name is
+    resolved from it.
     """
     model = unwrap(model)
+    walked = walked or walk_model(model)
     picked: dict[str, nn.Module] = {}
     for target in targets or (Target(text=""),):
-        for name, module in resolve(model, target, suffixes):
+        for name, module in resolve(model, target, suffixes, walked):
             picked.setdefault(name, module)
-    excluded = _Names({name for t in exclude for name, _ in resolve(model, t)})
+    excluded = _Names({name for t in exclude for name, _ in resolve(model, t, walked=walked)})
     chosen = _Names(set(picked))
     tops = [n for n in picked if not chosen.holds_ancestor_of(n, strict=True)]
     blocks: list[Block] = []
@@ -305,10 +326,10 @@ def select(
             return
         if any(True for _ in module.parameters(recurse=False)):
             blocks.append(Block(name, module, recurse=False))
-        for child_name, child in module.named_children():
+        for child_name, child in _named_children(walked.children(module)).items():
             carve(f"{name}.{child_name}" if name else child_name, child)
 
-    position = _Positions(model)
+    position = _Positions(model, walked)
     tops.sort(key=position)
     for name in tops:
         carve(name, picked[name])
@@ -321,5 +342,4 @@ def select(
         if top_names.holds_ancestor_of(e) and not excluded.holds_ancestor_of(e, strict=True)
     ]
     kept_out.sort(key=position)
-    sharing = (walked or walk_model(model)).sharing
-    return Selection(model, tuple(blocks), sharing, tuple(tops), tuple(kept_out))
+    return Selection(model, tuple(blocks), walked, tuple(tops), tuple(kept_out))
