@@ -22,14 +22,13 @@ from rich.console import (
     RenderableType,
     RenderResult,
 )
-from rich.measure import Measurement
-from rich.padding import Padding
 from rich.segment import Segment
 from rich.table import Column, Table
 from rich.text import Text
 
 from ..core.numbers import short
 from . import html_narrow, theme, units
+from .table_lines import measure, plain_cell, table_lines, text_segments
 
 # HTML: every table a real <table> the browser sizes to the output (max-width 100%: its
 # prose columns wrap at spaces, never inside a word; names and numbers never wrap), the
@@ -210,13 +209,22 @@ class Drawing:
         """Part ``index`` drawn as ``placed`` lays it out, each line without trailing
         blanks."""
         if index not in self._lines:
-            render_lines, update = self.console.render_lines, self.console.options.update_width
             self._lines[index] = [
                 _rstrip(Segment.simplify(line))
                 for part, width in self.placed(index)
-                for line in render_lines(part, update(width), pad=False)
+                for line in self._draw(part, width)
             ]
         return self._lines[index]
+
+    def _draw(self, part: RenderableType, width: int) -> list[list[Segment]]:
+        """``part``'s lines at ``width``: a table's from its column widths
+        (``table_lines``), anything else (and a table with a frame it leaves to rich) by
+        the console."""
+        drawn = table_lines(self.console, part, width) if isinstance(part, Table) else None
+        if drawn is None:
+            options = self.console.options.update_width(width)
+            drawn = self.console.render_lines(part, options, pad=False)
+        return drawn
 
     def lines(self) -> list[list[Segment]]:
         """Every part's lines, trailing blank lines dropped."""
@@ -316,7 +324,7 @@ def _fitted(
     gone = {c for below, c in hide_widths(console, part, sizes) if width < below}
     shown = [i for i in range(len(part.columns)) if i not in gone]
     hidden = [i for i in range(len(part.columns)) if i in gone]
-    edges = _edges(console, part, shown)
+    edges = _edges(part, len(shown))
     drawn_at, room = width, width - edges
     widths = [highs[i] for i in shown]
     if sum(widths) > room:
@@ -353,7 +361,7 @@ def hide_widths(
     shown = list(range(len(table.columns)))
     widths = []
     for column in order:
-        widths.append((sum(needs[i] for i in shown) + _edges(console, table, shown), column))
+        widths.append((sum(needs[i] for i in shown) + _edges(table, len(shown)), column))
         shown.remove(column)
     return widths
 
@@ -366,7 +374,7 @@ def _column_sizes(console: Console, table: Table) -> tuple[list[int], list[int]]
     for column in table.columns:
         cells = [column.header] if table.show_header else []
         cells += [*column.cells, *([column.footer] if table.show_footer else [])]
-        sizes = [Measurement.get(console, unbounded, cell) for cell in cells]
+        sizes = [measure(console, unbounded, cell) for cell in cells]
         high = max((size.maximum for size in sizes), default=0)
         highs.append(high)
         lows.append(high if column.no_wrap else max((s.minimum for s in sizes), default=0))
@@ -379,14 +387,13 @@ def _prose(column: Column, high: int) -> bool:
     return not column.no_wrap and high > _PROSE
 
 
-def _edges(console: Console, table: Table, shown: Sequence[int]) -> int:
-    """The padding and the rules between the ``shown`` columns: the table with them all
-    0 wide."""
+def _edges(table: Table, count: int) -> int:
+    """The padding and the rules of ``table`` drawn with ``count`` of its columns: what
+    rich adds to the cells' widths (each column's padding, by its position, and the box
+    between them); the columns' own widths do not change it."""
     probe = copy.copy(table)
-    probe.columns = [replace(table.columns[i], width=0, _index=n) for n, i in enumerate(shown)]
-    probe.min_width = None
-    options = console.options.update(width=_UNBOUNDED, no_wrap=False, height=None)
-    return console.measure(probe, options=options).maximum
+    probe.columns = table.columns[:count]
+    return max(sum(probe._get_padding_width(n) for n in range(count)) + probe._extra_width, 0)
 
 
 def _header(header: RenderableType) -> str:
@@ -528,14 +535,10 @@ def _html_cell(console: Console, cell: RenderableType, whole: bool) -> str:
     a hyphen or a slash (inside ``1e-4…0.001`` or ``samples/s``). A one-line text (most
     cells) is drawn from its own segments, without a layout pass; so is one indented by
     a plain ``Padding`` (the summary's module names), its indent as spaces."""
-    indent, inner = [], cell
-    if isinstance(cell, Padding) and not (cell.top or cell.bottom or console.get_style(cell.style)):
-        indent, inner = [Segment(" " * cell.left)], cell.renderable
-    text = console.render_str(inner) if isinstance(inner, str) else inner  # as rich would
-    if isinstance(text, Text) and "\n" not in text.plain:
-        base = console.get_style(text.style) if text.style else None  # render() omits it
-        drawn = Segment.apply_style(text.render(console, end=""), base)
-        segments = _rstrip(Segment.simplify([*indent, *drawn]))
+    plain = plain_cell(console, cell)
+    if plain is not None:
+        indent, _, text = plain
+        segments = _rstrip(Segment.simplify([Segment(" " * indent), *text_segments(console, text)]))
         return _html_line(segments, words=not whole) if segments else ""
     options = console.options.update(width=_UNBOUNDED, justify="left", no_wrap=True, height=None)
     lines = [_rstrip(Segment.simplify(ln)) for ln in console.render_lines(cell, options, pad=False)]
@@ -593,9 +596,7 @@ class OwnHtml:
 def html_text(text: Text) -> str:
     """One line of styled text as HTML, each word (a number with its unit) kept whole."""
     console = Console(file=io.StringIO(), color_system="truecolor", markup=False)
-    base = console.get_style(text.style) if text.style else None
-    drawn = _rstrip(Segment.simplify(Segment.apply_style(text.render(console, end=""), base)))
-    return _html_line(drawn, words=True)
+    return _html_line(_rstrip(Segment.simplify(text_segments(console, text))), words=True)
 
 
 class Facts(OwnHtml):
