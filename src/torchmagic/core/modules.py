@@ -92,10 +92,33 @@ class ModelWalk:
     # reads these instead of the model's own tables
     tables: Mapping[int, Mapping[str, nn.Module | None]] = field(repr=False, compare=False)
 
+    # where each path starts in ``modules`` (filled at the first ``subtree``)
+    positions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
     def children(self, module: nn.Module) -> Mapping[str, nn.Module | None]:
         """``module``'s child table as the walk read it (its own table if the walk did
         not reach it)."""
         return self.tables.get(id(module), module._modules)
+
+    def subtree(self, path: str, module: nn.Module) -> list[tuple[str, nn.Module]] | None:
+        """``module`` (at ``path``) and the modules under it as the walk found them, in
+        pre-order: a block's modules without walking it again. None when the walk cannot
+        tell: ``path`` held another module then, or a module is registered at several
+        places (the walk lists it once, maybe outside the block)."""
+        if self.sharing[0]:
+            return None
+        if not self.positions:
+            self.positions.update((name, i) for i, (name, _) in enumerate(self.modules))
+        start = self.positions.get(path)
+        if start is None or self.modules[start][1] is not module:
+            return None
+        end = len(self.modules)
+        if path:
+            prefix = path + "."
+            end = start + 1
+            while end < len(self.modules) and self.modules[end][0].startswith(prefix):
+                end += 1
+        return list(self.modules[start:end])
 
 
 def walk_model(model: nn.Module) -> ModelWalk:

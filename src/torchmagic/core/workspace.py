@@ -140,7 +140,7 @@ class Workspace:
             and id(f.held) not in copies
         ]
         inner: set[int] = set()
-        for _, value in bound:
+        for _, value in bound if len(bound) > 1 else ():  # one alone is inside no other
             real = unwrap(value)
             inner.update(id(m) for m in real.modules() if m is not real)
         by_real: dict[int, tuple[str, nn.Module]] = {}

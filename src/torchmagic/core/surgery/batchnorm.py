@@ -192,12 +192,7 @@ def _named_batchnorms(selection: Selection) -> list[tuple[list[str], nn.Module]]
     inside: dict[int, list[str]] = {}
     layers: dict[int, nn.Module] = {}
     for block in selection.blocks:
-        items = (
-            block.module.named_modules(prefix=block.name, remove_duplicate=False)
-            if block.recurse
-            else [(block.name, block.module)]
-        )
-        for name, m in items:
+        for name, m in block.named_modules(selection.walked):
             if is_batchnorm(m) and name not in inside.setdefault(id(m), []):
                 inside[id(m)].append(name)
                 layers[id(m)] = m

@@ -141,23 +141,33 @@ def _numel(params: Sequence[nn.Parameter]) -> int:
 def _acted_on(selection: Selection) -> list[Block]:
     """The blocks a freeze or unfreeze can change: those with parameters or BatchNorm
     (an activation or a pooling layer carved out by an exclusion is not listed)."""
+    walked = selection.walked
     return [
-        b for b in selection.blocks if b.parameters() or any(is_batchnorm(m) for m in b.modules())
+        b
+        for b in selection.blocks
+        if b.parameters(walked) or any(is_batchnorm(m) for m in b.modules(walked))
     ]
 
 
-def _states(target: BoundModel, model: nn.Module, blocks: Sequence[Block]) -> list[tuple]:
+def _states(
+    target: BoundModel, model: nn.Module, blocks: Sequence[Block], walked: ModelWalk | None = None
+) -> list[tuple]:
     """What a freeze or unfreeze can change in each block (looked up by name, so a swapped
     BatchNorm counts): its modules' identity, mode and pre-hooks, its parameters'
-    trainability and optimizer membership (in any of the model's optimizers)."""
+    trainability and optimizer membership (in any of the model's optimizers). ``walked``:
+    the model's walk, when nothing has changed since (else each block is walked once)."""
     held = target.held()
     states = []
     for block in blocks:
         live = Block(block.name, model.get_submodule(block.name), block.recurse)
+        modules = live.modules(walked)
         states.append(
             (
-                tuple((id(m), m.training, len(m._forward_pre_hooks)) for m in live.modules()),
-                tuple((id(p), p.requires_grad, id(p) in held) for p in live.parameters()),
+                tuple((id(m), m.training, len(m._forward_pre_hooks)) for m in modules),
+                tuple(
+                    (id(p), p.requires_grad, id(p) in held)
+                    for p in unique_parameters(modules, recurse=False)
+                ),
             )
         )
     return states
@@ -251,7 +261,7 @@ def freeze(target: BoundModel, selection: Selection, bn_policy: str, tx: Transac
         why = "; ".join(notes) or f"{', '.join(selection.names)} has no parameters"
         raise TorchMagicError(f"nothing to freeze: {why}")
     blocks = _acted_on(selection)
-    before = _states(target, selection.model, blocks)
+    before = _states(target, selection.model, blocks, selection.walked)
     flipped = [p for p in params if p.requires_grad]
     held = target.held()
     resynced = [p for p in params if not p.requires_grad and id(p) in held]
@@ -442,7 +452,7 @@ def unfreeze(
             param="lr" if any(lr is not None for lr in lrs) else "wd",
         )
     acted_on = _acted_on(selection)
-    before = _states(target, selection.model, acted_on)
+    before = _states(target, selection.model, acted_on, selection.walked)
     swapped, modes = batchnorm.release(
         selection, tx, copies=[copy for _, copy in target.ema_copies]
     )
@@ -452,8 +462,9 @@ def unfreeze(
     all_params: list[nn.Parameter] = []
     per_block: list[list[nn.Parameter]] = []
     seen: set[int] = set()
+    walked = None if swapped else selection.walked  # a layer swapped back: walk again
     for block in blocks:
-        params = [p for p in block.parameters() if id(p) not in seen]
+        params = [p for p in block.parameters(walked) if id(p) not in seen]
         seen.update(id(p) for p in params)
         all_params.extend(params)
         per_block.append(params)
@@ -480,6 +491,7 @@ def unfreeze(
                 explicit=explicit,
                 weight_decay=weight_decay,
                 lr_ratio=lr_ratio,
+                walked=walked,
             )
     _set_requires_grad(all_params, True, tx)
     return _effect(
@@ -538,9 +550,11 @@ def _into_optimizer(
     explicit: bool,
     weight_decay: float | None,
     lr_ratio: float,
+    walked: ModelWalk | None,
 ) -> list[str]:
     """Put each block's parameters into ``target``'s optimizer (see :func:`unfreeze`);
-    returns the notes it makes."""
+    returns the notes it makes. ``walked``: the model's walk, when it still holds the
+    blocks."""
     opt = target.optimizer
     assert opt is not None
     if explicit:
@@ -550,7 +564,7 @@ def _into_optimizer(
         raise TorchMagicError(f"{type(opt).__name__} has no weight_decay to set", param="wd")
     notes: list[str] = []
     schedulers = target.schedulers
-    adopted = [] if explicit else _adopted(opt, target.model, blocks)
+    adopted = [] if explicit else _adopted(opt, target.model, blocks, walked)
     taken = {id(new) for _, new in adopted}
     per_block = [[p for p in ps if id(p) not in taken] for ps in per_block]
     planned = list(zip(blocks, lrs, per_block, strict=True))
@@ -605,11 +619,17 @@ def _into_optimizer(
 
 
 def _adopted(
-    opt: torch.optim.Optimizer, model: nn.Module, blocks: Sequence[Block]
+    opt: torch.optim.Optimizer, model: nn.Module, blocks: Sequence[Block], walked: ModelWalk | None
 ) -> list[tuple[nn.Parameter, nn.Parameter]]:
-    """(old, new) for each block assigned by hand over a module the optimizer still holds."""
-    finder = replaced.Replaced(opt, model)
-    return [p for b in blocks if b.recurse for p in finder.predecessors(b.module)]
+    """(old, new) for each block assigned by hand over a module the optimizer still holds;
+    ``walked``: the model's walk, when it still holds the blocks."""
+    finder = replaced.Replaced(opt, model, None if walked is None else walked.parameters)
+    return [
+        pair
+        for b in blocks
+        if b.recurse
+        for pair in finder.predecessors(b.module, b.parameters(walked))
+    ]
 
 
 def _head_groups(

@@ -42,19 +42,29 @@ class Replaced:
     tensors ``opt`` still holds; what it needs of both is read once, so that asking of
     every module of the model stays linear."""
 
-    def __init__(self, opt: torch.optim.Optimizer, model: nn.Module) -> None:
+    def __init__(
+        self,
+        opt: torch.optim.Optimizer,
+        model: nn.Module,
+        parameters: Sequence[nn.Parameter] | None = None,
+    ) -> None:
+        """``parameters``: the model's, each once in ``model.parameters()`` order, when the
+        caller has them from its walk."""
         self._opt = opt
         self._held = group_index(opt)
-        self._params = [p for _, p in model.named_parameters()]
+        self._params = list(model.parameters()) if parameters is None else list(parameters)
         self._model_ids = {id(p) for p in self._params}
         self._place = {id(p): i for i, p in enumerate(self._params)}
 
-    def predecessors(self, module: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    def predecessors(
+        self, module: nn.Module, parameters: Sequence[nn.Parameter] | None = None
+    ) -> list[tuple[nn.Parameter, nn.Parameter]]:
         """(old, new) pairs when ``module`` replaced, by assignment, a module whose tensors
         the optimizer still holds in its place: as many, of the same ranks, in the same
         order. Empty when the optimizer holds any of ``module``'s parameters, any is
-        frozen, or no such tensors are where the module's would be."""
-        new = list(module.parameters())
+        frozen, or no such tensors are where the module's would be. ``parameters``:
+        ``module``'s, when the caller has them."""
+        new = list(module.parameters()) if parameters is None else list(parameters)
         held = self._held
         if not new or any(id(p) in held or not p.requires_grad for p in new):
             return []  # a fresh module trains; a frozen one in no group went home, not astray

@@ -23,11 +23,30 @@ class Block:
     module: nn.Module
     recurse: bool = True
 
-    def parameters(self) -> list[nn.Parameter]:
-        return unique_parameters([self.module], self.recurse)
+    def parameters(self, walked: ModelWalk | None = None) -> list[nn.Parameter]:
+        """Its parameters, each once; ``walked``: the model's walk, read instead of
+        walking the block when it still holds the block (see :meth:`modules`)."""
+        if walked is None or not self.recurse or not self.module._modules:
+            return unique_parameters([self.module], self.recurse)
+        return unique_parameters(self.modules(walked), recurse=False)
 
-    def modules(self) -> list[nn.Module]:
-        return list(walk(self.module)) if self.recurse and self.module._modules else [self.module]
+    def modules(self, walked: ModelWalk | None = None) -> list[nn.Module]:
+        """Its modules in pre-order; from ``walked`` (the model's walk, made before the
+        command changed anything) when that can tell, else from a walk of the block."""
+        if not self.recurse or not self.module._modules:
+            return [self.module]
+        found = None if walked is None else walked.subtree(self.name, self.module)
+        return list(walk(self.module)) if found is None else [m for _, m in found]
+
+    def named_modules(self, walked: ModelWalk | None = None) -> list[tuple[str, nn.Module]]:
+        """Its modules with their paths in the model, every position of a module
+        registered twice (from ``walked`` when that can tell, see :meth:`modules`)."""
+        if not self.recurse:
+            return [(self.name, self.module)]
+        found = None if walked is None else walked.subtree(self.name, self.module)
+        if found is not None:
+            return found
+        return list(self.module.named_modules(prefix=self.name, remove_duplicate=False))
 
 
 @dataclass(frozen=True)
@@ -44,14 +63,14 @@ class Selection:
         seen: set[int] = set()
         out: list[nn.Parameter] = []
         for block in self.blocks:
-            for p in block.parameters():
+            for p in block.parameters(self.walked):
                 if id(p) not in seen:
                     seen.add(id(p))
                     out.append(p)
         return out
 
     def modules(self) -> list[nn.Module]:
-        return [m for block in self.blocks for m in block.modules()]
+        return [m for block in self.blocks for m in block.modules(self.walked)]
 
     @property
     def names(self) -> tuple[str, ...]:
