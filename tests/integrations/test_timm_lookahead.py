@@ -99,6 +99,17 @@ def _both(by_session: Edit, by_hand: Edit) -> list[tuple[nn.Sequential, Lookahea
     return runs
 
 
+def _cycle_first_layer_by_hand(model: nn.Sequential, opt: Lookahead) -> None:
+    """By hand: the first layer frozen, some steps, back into its home group (fresh)."""
+    params = list(model[0].parameters())
+    home = opt.param_groups[0]
+    _set_aside(opt, params)
+    _train(model, opt, seed=3)
+    for p in params:
+        p.requires_grad_(True)
+    home["params"] = [*home["params"], *params]
+
+
 def test_freeze_sets_the_base_state_aside_and_unfreeze_starts_fresh_as_by_hand():
     """Before, the base's moments and slow weights of a frozen block stayed and an
     unfreeze resumed them: stale by the frozen steps."""
@@ -109,13 +120,7 @@ def test_freeze_sets_the_base_state_aside_and_unfreeze_starts_fresh_as_by_hand()
         tm.unfreeze("0")
 
     def by_hand(_: Session, model: nn.Sequential, opt: Lookahead) -> None:
-        params = list(model[0].parameters())
-        home = opt.param_groups[0]
-        _set_aside(opt, params)
-        _train(model, opt, seed=3)
-        for p in params:
-            p.requires_grad_(True)
-        home["params"] = [*home["params"], *params]
+        _cycle_first_layer_by_hand(model, opt)
 
     (model, opt), (hand_model, hand_opt) = _both(by_session, by_hand)
     assert_same(_by_name(model, opt), _by_name(hand_model, hand_opt))
@@ -442,13 +447,7 @@ def test_the_base_bound_to_a_variable_too_is_the_lookaheads_part_not_a_second_op
         tm.freeze("3", optimizer="base")
 
     def by_hand(_: Session, model: nn.Sequential, opt: Lookahead) -> None:
-        params = list(model[0].parameters())
-        home = opt.param_groups[0]
-        _set_aside(opt, params)
-        _train(model, opt, seed=3)
-        for p in params:
-            p.requires_grad_(True)
-        home["params"] = [*home["params"], *params]
+        _cycle_first_layer_by_hand(model, opt)
         _set_aside(opt, list(model[3].parameters()))
 
     (model, opt), (hand_model, hand_opt) = _both(by_session, by_hand)
