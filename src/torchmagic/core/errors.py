@@ -20,3 +20,10 @@ class TorchMagicError(ValueError):
         super().__init__(spelled(message))
         self.advice = message
         self.param = param
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its class name when it has none): what a
+    one-line refusal quotes of an error raised by the user's own code."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

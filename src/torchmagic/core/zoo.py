@@ -42,7 +42,7 @@ from torch import nn
 
 from . import torch_files
 from .advice import Option
-from .errors import TorchMagicError
+from .errors import TorchMagicError, first_line
 
 SOURCES = ("torchvision", "timm", "hf")
 NO_WEIGHTS = ("none", "None", "")
@@ -214,10 +214,6 @@ def check_binding(name: str, namespace: Mapping[str, object]) -> None:
         )
 
 
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
 def _unsafe_pickle(what: str, error: pickle.UnpicklingError) -> TorchMagicError:
     """``torch.load(weights_only=True)`` refused a file: name the object it met."""
     return TorchMagicError(
@@ -248,7 +244,7 @@ def _probe(timeout: float = PROBE_SECONDS) -> str | None:
         try:
             socket.create_connection(address, timeout=timeout).close()
         except OSError as error:
-            failed.append(_first_line(error))
+            failed.append(first_line(error))
 
     probe = threading.Thread(target=connect, daemon=True)
     probe.start()
@@ -270,7 +266,7 @@ def _hub_cached(repo: str, filenames: tuple[str, ...]) -> str | None:
 
 
 def _fetch_failed(what: str, name: str, error: BaseException | str, where: str) -> TorchMagicError:
-    reason = error if isinstance(error, str) else _first_line(error)
+    reason = error if isinstance(error, str) else first_line(error)
     return TorchMagicError(
         (
             f"cannot fetch the weights {what} ({reason}); offline? build '{name}' without "

@@ -4,6 +4,7 @@ and the estimate against the bytes a real step allocates (walking the tensors)."
 from __future__ import annotations
 
 import gc
+import mmap
 import sys
 import weakref
 
@@ -124,14 +125,18 @@ def test_cell_watcher_measures_a_cell(monkeypatch):
     assert watcher.post() is None  # no pre: nothing to say
     gc.collect()  # earlier tests' garbage must not be freed inside the "cell"
     watcher.pre()
-    kept = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
+    # 256 MiB of fresh pages, each touched: an allocator may hand back memory an earlier
+    # test freed but kept resident, which would not grow the process at all
+    kept = mmap.mmap(-1, 256 * 2**20)
+    for offset in range(0, len(kept), mmap.PAGESIZE):
+        kept[offset] = 1
     cell = watcher.post()
     assert cell.device == "cpu" and cell.delta > 128 * 2**20
     if cell.peak is not None:
         assert cell.peak >= cell.after
     assert cell_line(cell).startswith("[cpu] +") and "MiB" in cell_line(cell)
     assert watcher.post() is None  # one result per pre
-    del kept
+    kept.close()
 
 
 # -- estimate ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TorchMagicError
+from ..errors import TorchMagicError, first_line
 from ..training.amp import AmpController
 from .compare import Comparison, compare, fingerprint
 from .losses import per_sample
@@ -158,9 +158,8 @@ def _losses(
             return torch.stack([loss_fn(one, target) for one, target in pairs])
         return loss_fn(scores, targets).double() * len(targets)
     except (TypeError, ValueError, RuntimeError, IndexError) as error:
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise TorchMagicError(
-            f"the loss fails on the model's outputs: {text}", param="loss"
+            f"the loss fails on the model's outputs: {first_line(error)}", param="loss"
         ) from error
 
 

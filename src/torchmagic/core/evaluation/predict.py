@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import TorchMagicError
+from ..errors import TorchMagicError, first_line
 from ..training.amp import AmpController
 from ..training.data import to_device
 from .running import frozen_state, outputs
@@ -173,7 +173,16 @@ def predict(
     """The ``top`` classes of each input; the model and every random state as before."""
     batch = torch.stack([prepared(source, transform) for _, source in sources])
     with frozen_state(model):
-        scores = outputs(model, to_device(batch, device, False), amp)
+        try:
+            scores = outputs(model, to_device(batch, device, False), amp)
+        except torch.OutOfMemoryError:
+            raise
+        except (TypeError, ValueError, RuntimeError, IndexError) as error:
+            raise TorchMagicError(
+                f"'{model_name}' cannot run on inputs of shape {list(batch.shape)}: "
+                f"{first_line(error)}",
+                param="input",
+            ) from error
         if not isinstance(scores, torch.Tensor) or scores.ndim != 2:
             raise TorchMagicError(
                 "predict reads classifiers: outputs of shape [batch, classes]", param="model"
