@@ -122,6 +122,7 @@ def test_only_an_augmenting_transform_is_refused_naming_transforms(folder):
     ("value", "match"),
     [
         ("missing.png", "neither a variable nor a file or folder"),
+        ("1" * 5000, "cannot look up '1{57}…': File name too long"),
         ([1, 2], "input must be an image path, a folder of images, a PIL image or a tensor"),
         (torch.zeros(1, 1, 1, 1, 1), "one sample or a batch"),
         (torch.zeros(4, 5), r"'model' cannot run on inputs of shape \[4, 5\]: .*mat1 and mat2"),

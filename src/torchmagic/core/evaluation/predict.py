@@ -101,12 +101,19 @@ def inputs_of(value: object) -> tuple[list[tuple[str, Any]], bool]:
     a batch). A path is a file or a folder of images; refused in one line otherwise."""
     if isinstance(value, (str, os.PathLike)):
         path = Path(value)
-        if path.is_dir():
+        try:
+            folder, file = path.is_dir(), path.is_file()
+        except OSError as error:  # a name too long for the file system, say
+            shown = str(path) if len(str(path)) <= 60 else f"{str(path)[:57]}…"
+            raise TorchMagicError(
+                f"cannot look up '{shown}': {error.strerror or error}", param="input"
+            ) from None
+        if folder:
             files = image_files(path)
             if not files:
                 raise TorchMagicError(f"no image files in the folder {path}", param="input")
             return [(str(f), f) for f in files], False
-        if not path.is_file():
+        if not file:
             raise TorchMagicError(
                 f"'{value}' is neither a variable nor a file or folder", param="input"
             )
