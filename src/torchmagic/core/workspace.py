@@ -516,15 +516,18 @@ def _most_of(
     """Of ``holding``, the one holding (or home of) most of ``params``: the remembered
     one on a tie; None when none holds any."""
     ids = {id(p) for p in params}
-    best: tuple[int, bool, int] | None = None
-    chosen = None
-    for rank, (name, opt) in enumerate(holding):
-        held = sum(1 for p in optimizer_params(opt) if id(p) in ids)
-        held += optimizer_sync.homed(opt, [p for p in params if not p.requires_grad])
-        key = (held, name == remembered, -rank)
-        if held and (best is None or key > best):
-            best, chosen = key, (name, opt)
-    return chosen
+    frozen = [p for p in params if not p.requires_grad]
+
+    def count(opt: torch.optim.Optimizer) -> int:
+        return sum(1 for p in optimizer_params(opt) if id(p) in ids) + optimizer_sync.homed(
+            opt, frozen
+        )
+
+    held, _, _, chosen = max(
+        (count(opt), name == remembered, -rank, (name, opt))
+        for rank, (name, opt) in enumerate(holding)
+    )
+    return chosen if held else None
 
 
 def _under(path: str, target: Target) -> Target:

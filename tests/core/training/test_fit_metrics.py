@@ -30,6 +30,10 @@ from torchmagic.core.training.progressive import Pacer, Pacing
 CLASSES = 6
 
 
+# a run measuring f1 and keeping the epoch where it is largest
+KEEP_BEST_BY_F1: dict = {"metric": "f1", "monitor": "f1", "keep_best": True}
+
+
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
@@ -205,11 +209,9 @@ def test_export_writes_the_best_epochs_weights(tmp_path):
         train,
         val=val,
         epochs=4,
-        metric="f1",
-        monitor="f1",
-        keep_best=True,
         export=str(path),
         observer=seen,
+        **KEEP_BEST_BY_F1,
     )
     assert history.exported is not None and history.not_exported is None
     assert history.exported.path == str(path) and history.exported.max_difference == 0.0
@@ -268,11 +270,9 @@ def test_fine_tune_exports_its_second_runs_best_epoch(tmp_path):
         train,
         val=val,
         epochs=3,
-        metric="f1",
-        monitor="f1",
-        keep_best=True,
         export=str(path),
         observer=seen,
+        **KEEP_BEST_BY_F1,
     )
     head, full = result.head_fit, result.full_fit
     assert head.metrics == full.metrics == ("f1",) and head.exported is None
@@ -302,11 +302,9 @@ def test_pt2_export_runs_the_best_epochs_weights(tmp_path):
         train,
         val=val,
         epochs=3,
-        metric="f1",
-        monitor="f1",
-        keep_best=True,
         export=str(path),
         observer=seen,
+        **KEEP_BEST_BY_F1,
     )
     assert history.exported is not None and history.exported.format == "pt2"
     program = torch.export.load(str(path)).module()

@@ -146,10 +146,7 @@ def fit(
     measured = run_metrics(options.metric, options.monitor)
     _check_metrics(target.model, measured, plan.val is not None)
     plan.metrics = evaluation_metrics.factories(measured)
-    shape = None
-    if options.export is not None:
-        shape = input_shape(plan.val if plan.val is not None else plan.train)
-        save_load.check_inference_export(session, options.export, target.model_name, shape)
+    shape = _export_shape(session, plan, options.export, target.model_name)
     unfreeze = options.unfreeze
     blocks = unfreeze.split(",") if isinstance(unfreeze, str) else list(unfreeze)
     blocks = [b.strip() for b in blocks if b.strip()]
@@ -251,6 +248,18 @@ def _check_metrics(model: nn.Module, measured: tuple[str, ...], has_val: bool) -
                 f"metric {name} needs at least {k} classes; the head of the model has {classes}",
                 param="metric",
             )
+
+
+def _export_shape(
+    session: Session, plan: FitPlan, path: str | None, model_name: str
+) -> tuple[int, ...] | None:
+    """The input shape an export after the run traces with (None without ``path``); the
+    export is refused now, before any training, when it could not be written."""
+    if path is None:
+        return None
+    shape = input_shape(plan.val if plan.val is not None else plan.train)
+    save_load.check_inference_export(session, path, model_name, shape)
+    return shape
 
 
 def _exported(
@@ -441,9 +450,7 @@ def fine_tune(
             False,
             measured,
         )
-    if options.export is not None:
-        shape = input_shape(plan.val if plan.val is not None else plan.train)
-        save_load.check_inference_export(session, options.export, target.model_name, shape)
+    shape = _export_shape(session, plan, options.export, target.model_name)
     steps_per_epoch = _one_cycle_steps(schedule, target, plan)
     name = target.model_name
     head = heads.find_head(target.model).name

@@ -522,12 +522,9 @@ def _routes(
                 )
         return [(target, list(per_block))]
     parts = [target, *(target.with_optimizer(o) for o in target.others)]
-    held = [group_index(part.optimizer) for part in parts if part.optimizer is not None]
-    homes = [
-        optimizer_sync.homes(part.optimizer).indexer(part.optimizer)
-        for part in parts
-        if part.optimizer is not None
-    ]
+    optimizers = target.optimizers()  # the parts', in the same order
+    held = [group_index(opt) for opt in optimizers]
+    homes = [optimizer_sync.homes(opt).indexer(opt) for opt in optimizers]
     chosen: list[list[list[nn.Parameter]]] = [[[] for _ in per_block] for _ in parts]
     for b, params in enumerate(per_block):
         for p in params:
